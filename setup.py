@@ -1,0 +1,40 @@
+"""Builds torch_linrec._C: the CPU kernels always, the CUDA kernels when torch has CUDA and nvcc is found.
+
+Set TORCH_LINREC_FORCE_CPU=1 to skip the CUDA kernels, TORCH_CUDA_ARCH_LIST to choose GPU targets
+(default: the visible GPUs), MAX_JOBS for build parallelism.
+"""
+import glob
+import os
+
+import torch
+from setuptools import setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def with_cuda() -> bool:
+    if os.environ.get("TORCH_LINREC_FORCE_CPU", "0") == "1":
+        return False
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def extension():
+    cpp = sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
+    cxx = ["-O3", "-std=c++17"]
+    if not with_cuda():
+        print("torch_linrec: building the CPU kernels only (no CUDA torch or nvcc found)")
+        return CppExtension("torch_linrec._C", cpp, extra_compile_args={"cxx": cxx}, py_limited_api=True)
+    print("torch_linrec: building the CPU and CUDA kernels")
+    cuda = sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/*.cpp"))
+    nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-Xptxas=-warn-spills",
+            "--expt-relaxed-constexpr"]
+    return CUDAExtension("torch_linrec._C", cpp + cuda, define_macros=[("LINREC_WITH_CUDA", "1")],
+                         extra_compile_args={"cxx": cxx, "nvcc": nvcc}, py_limited_api=True)
+
+
+setup(
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+)
