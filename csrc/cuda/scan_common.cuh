@@ -1,0 +1,109 @@
+// Device building blocks shared by the scan kernels: dtype conversion, the affine-map
+// monoid of the recurrence, sequence offsets and the decoupled look-back.
+//
+// The recurrence h_t = c_t h_{t-1} + x_t composes affine maps h -> a h + b:
+// (a1, b1) then (a2, b2) is (a1 a2, b1 a2 + b2), an associative (not commutative)
+// operator, so any contiguous span of steps reduces to one map (Blelloch 1990; the
+// linrec article, Part I). Spans handled by different blocks are chained with the
+// single-pass decoupled look-back of Merrill & Garland, "Single-pass Parallel Prefix
+// Scan with Decoupled Look-back" (NVIDIA TR 2016-002).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+#include "../scan_params.h"
+
+namespace linrec {
+
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+struct Affine {
+  float a, b;  // h -> a * h + b
+};
+
+struct ComposeOp {
+  __device__ __forceinline__ Affine operator()(const Affine& first, const Affine& second) const {
+    return {first.a * second.a, fmaf(first.b, second.a, second.b)};
+  }
+};
+
+// Batch index of flat sequence `seq` (innermost dim first) and per-slot offsets from it.
+struct SeqIndex {
+  int64_t idx[kMaxBatchDims];
+  __device__ __forceinline__ SeqIndex(const ScanParams& p, int64_t seq) {
+#pragma unroll
+    for (int i = 0; i < kMaxBatchDims; ++i) {
+      idx[i] = 0;
+      if (i < p.nbatch) {
+        const int64_t q = seq / p.bsize[i];
+        idx[i] = seq - q * p.bsize[i];
+        seq = q;
+      }
+    }
+  }
+  __device__ __forceinline__ int64_t offset(const ScanParams& p, int slot) const {
+    int64_t off = 0;
+#pragma unroll
+    for (int i = 0; i < kMaxBatchDims; ++i)
+      if (i < p.nbatch) off += idx[i] * p.bstride[slot][i];
+    return off;
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ T* slot_ptr(const ScanParams& p, int slot, int64_t offset) {
+  return p.ptr[slot] ? static_cast<T*>(p.ptr[slot]) + offset : nullptr;
+}
+
+// Status of every (sequence, chunk) for the decoupled look-back. The workspace is zeroed
+// before each launch; flag 0: nothing yet, 1: aggregate (a, b) of the chunk published,
+// 2: inclusive prefix (the state after the chunk) published.
+struct LookbackState {
+  unsigned long long* counter;  // dynamic chunk order: blocks take ids in the order they start
+  int* flag;
+  float* agg_a;
+  float* agg_b;
+  float* incl;
+
+  static constexpr int kAggregate = 1, kInclusive = 2;
+
+  __device__ __forceinline__ void publish_aggregate(int64_t i, Affine agg) const {
+    agg_a[i] = agg.a;
+    agg_b[i] = agg.b;
+    __threadfence();
+    *reinterpret_cast<volatile int*>(flag + i) = kAggregate;
+  }
+  __device__ __forceinline__ void publish_inclusive(int64_t i, float h) const {
+    incl[i] = h;
+    __threadfence();
+    *reinterpret_cast<volatile int*>(flag + i) = kInclusive;
+  }
+  // State before chunk `chunk` (> 0) of a sequence whose chunk k lives at index base + k * step.
+  // Predecessors started before this block (dynamic order), so the spin always ends.
+  __device__ __forceinline__ float look_back(int64_t base, int64_t step, int64_t chunk) const {
+    float p = 1.f, q = 0.f;  // state before `chunk` = p * (state after chunk k) + q
+    for (int64_t k = chunk - 1;; --k) {
+      const int64_t i = base + k * step;
+      int f;
+      do {
+        f = *reinterpret_cast<volatile const int*>(flag + i);
+      } while (f == 0);
+      __threadfence();
+      if (f == kInclusive) return fmaf(p, __ldcg(incl + i), q);
+      const float a = __ldcg(agg_a + i), b = __ldcg(agg_b + i);
+      q = fmaf(p, b, q);
+      p *= a;
+    }
+  }
+};
+
+}  // namespace linrec

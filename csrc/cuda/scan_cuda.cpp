@@ -1,0 +1,67 @@
+// CUDA registration of linrec::scan and linrec::scan_backward: plans the launch, allocates
+// the look-back workspace from PyTorch's caching allocator and calls the kernels on the
+// current stream.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "../scan_ops.h"
+#include "scan_launch.h"
+
+namespace linrec {
+namespace {
+
+template <bool kBackward>
+cudaError_t launch_dtype(at::ScalarType dtype, const ScanParams& p, const ScanPlan& plan, void* ws,
+                         cudaStream_t stream) {
+  switch (dtype) {
+    case at::kFloat:
+      return launch_scan<ScanDType::kFloat32, kBackward>(p, plan, ws, stream);
+    case at::kHalf:
+      return launch_scan<ScanDType::kFloat16, kBackward>(p, plan, ws, stream);
+    case at::kBFloat16:
+      return launch_scan<ScanDType::kBFloat16, kBackward>(p, plan, ws, stream);
+    default:
+      TORCH_CHECK(false, "linrec.scan: the CUDA kernels take float32, float16 or bfloat16, got ", dtype);
+  }
+}
+
+void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& device) {
+  const c10::cuda::CUDAGuard guard(device);
+  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const ScanPlan plan = plan_scan(p, static_cast<int>(c10::elementSize(dtype)), num_sms);
+  TORCH_CHECK(plan.grid <= std::numeric_limits<int32_t>::max(), "linrec.scan: ", p.num_seq,
+              " sequences of length ", p.len, " need ", plan.grid, " blocks, more than a CUDA grid holds");
+  at::Tensor workspace;
+  if (plan.workspace_bytes > 0)
+    workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)},
+                          at::TensorOptions().dtype(at::kByte).device(device));
+  void* ws = plan.workspace_bytes > 0 ? workspace.data_ptr() : nullptr;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaError_t err = p.backward ? launch_dtype<true>(dtype, p, plan, ws, stream)
+                                     : launch_dtype<false>(dtype, p, plan, ws, stream);
+  TORCH_CHECK(err == cudaSuccess, "linrec.scan: CUDA launch failed: ", cudaGetErrorString(err));
+}
+
+Tensor scan_cuda(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
+                 bool reverse) {
+  return scan_impl(x, coeffs, initial, dim, reverse, launch_cuda);
+}
+
+std::tuple<Tensor, Tensor, Tensor> scan_backward_cuda(const Tensor& grad_y, const Tensor& coeffs, const Tensor& y,
+                                                      const std::optional<Tensor>& initial, int64_t dim,
+                                                      bool reverse) {
+  return scan_backward_impl(grad_y, coeffs, y, initial, dim, reverse, launch_cuda);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(linrec, CUDA, m) {
+  m.impl("scan", &scan_cuda);
+  m.impl("scan_backward", &scan_backward_cuda);
+}
+
+}  // namespace linrec

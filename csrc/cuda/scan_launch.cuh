@@ -1,0 +1,58 @@
+// Definition of launch_scan: picks the compiled template the plan names.
+#pragma once
+#include "scan_channel.cuh"
+#include "scan_launch.h"
+#include "scan_tile.cuh"
+
+namespace linrec {
+
+template <ScanDType D> struct StorageType;
+template <> struct StorageType<ScanDType::kFloat32> { using type = float; };
+template <> struct StorageType<ScanDType::kFloat16> { using type = __half; };
+template <> struct StorageType<ScanDType::kBFloat16> { using type = __nv_bfloat16; };
+
+inline LookbackState lookback_state(const ScanPlan& plan, void* workspace) {
+  LookbackState lb{};
+  if (plan.workspace_bytes == 0) return lb;
+  char* base = static_cast<char*>(workspace);
+  const size_t flags = (plan.zeroed_bytes - 16);
+  lb.counter = reinterpret_cast<unsigned long long*>(base);
+  lb.flag = reinterpret_cast<int*>(base + 16);
+  lb.agg_a = reinterpret_cast<float*>(base + 16 + flags);
+  lb.agg_b = reinterpret_cast<float*>(base + 16 + 2 * flags);
+  lb.incl = reinterpret_cast<float*>(base + 16 + 3 * flags);
+  return lb;
+}
+
+template <typename T, bool kBackward, int I = 0>
+cudaError_t launch_tile(const ScanParams& p, const ScanPlan& plan, const TileArgs& args, cudaStream_t stream) {
+  if constexpr (I < kNumTileConfigs) {
+    constexpr TileConfig cfg = kTileConfigs[I];
+    if (plan.config != I) return launch_tile<T, kBackward, I + 1>(p, plan, args, stream);
+    scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+    return cudaGetLastError();
+  } else {
+    return cudaErrorInvalidConfiguration;
+  }
+}
+
+template <ScanDType kDType, bool kBackward>
+cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspace, cudaStream_t stream) {
+  using T = typename StorageType<kDType>::type;
+  if (plan.grid == 0) return cudaSuccess;
+  if (plan.zeroed_bytes > 0) {
+    const cudaError_t err = cudaMemsetAsync(workspace, 0, plan.zeroed_bytes, stream);
+    if (err != cudaSuccess) return err;
+  }
+  const LookbackState lb = lookback_state(plan, workspace);
+  if (plan.kind == ScanKind::kTile) {
+    const TileArgs args{plan.num_chunks, plan.per_chunk, plan.vec_mask, lb};
+    return launch_tile<T, kBackward>(p, plan, args, stream);
+  }
+  const ChannelArgs args{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, kChannelThreads), lb};
+  scan_channel_kernel<T, kChannelSteps, kChannelThreads, kBackward>
+      <<<plan.grid, kChannelThreads, 0, stream>>>(p, args);
+  return cudaGetLastError();
+}
+
+}  // namespace linrec

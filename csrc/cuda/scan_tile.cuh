@@ -1,0 +1,171 @@
+// Tile kernel: the scanned dim is the innermost (stride +-1) of every sequence.
+//
+// A block scans a tile of NT * E consecutive steps of one sequence: each thread holds E
+// steps in registers (16-byte vector loads when aligned), reduces them to one affine map,
+// the block scans the thread maps with cub::BlockScan (warp shuffles + cross-warp carries),
+// and each thread replays its E steps from its exclusive prefix. The prefix callback carries
+// the state across tiles: sequentially inside a block (pipe mode, many sequences), or
+// across blocks through the decoupled look-back (few long sequences, one tile per block).
+#pragma once
+#include <cub/block/block_scan.cuh>
+
+#include "scan_common.cuh"
+
+namespace linrec {
+
+struct TileArgs {
+  int64_t num_chunks;       // blocks per sequence (look-back when > 1)
+  int64_t tiles_per_chunk;  // tiles scanned one after the other by a block
+  unsigned vec_mask;        // bit s: slot s takes 16-byte vector accesses
+  LookbackState lb;
+};
+
+// Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); out of range steps get `fill`.
+template <typename T, int E>
+__device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, int nv, bool vec, float fill,
+                                           float (&out)[E]) {
+  constexpr int kVec = 16 / sizeof(T);
+  static_assert(E % kVec == 0, "E must be a multiple of the 16-byte vector width");
+  if (vec && nv == E) {
+    union {
+      uint4 u[E / kVec];
+      T t[E];
+    } buf;
+    const uint4* src = reinterpret_cast<const uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
+#pragma unroll
+    for (int k = 0; k < E / kVec; ++k) buf.u[k] = src[k];
+    if (ls > 0) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[E - 1 - i]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < E; ++i) out[i] = i < nv ? to_float(base[(tf + i) * ls]) : fill;
+}
+
+template <typename T, int E>
+__device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, int nv, bool vec, const float (&v)[E]) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (vec && nv == E) {
+    union {
+      uint4 u[E / kVec];
+      T t[E];
+    } buf;
+    if (ls > 0) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) buf.t[i] = from_float<T>(v[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < E; ++i) buf.t[E - 1 - i] = from_float<T>(v[i]);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
+#pragma unroll
+    for (int k = 0; k < E / kVec; ++k) dst[k] = buf.u[k];
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < E; ++i)
+    if (i < nv) base[(tf + i) * ls] = from_float<T>(v[i]);
+}
+
+// Prefix callback of cub::BlockScan, run by warp 0: returns the state before the tile and
+// advances it by the tile's aggregate; in look-back mode thread 0 publishes and looks back.
+struct TileCarry {
+  float carry;
+  bool lookback;
+  LookbackState lb;
+  int64_t index, chunk;  // status index of this (sequence, chunk)
+
+  __device__ __forceinline__ Affine operator()(Affine agg) {
+    if (lookback && threadIdx.x == 0 && chunk > 0) {
+      lb.publish_aggregate(index, agg);
+      carry = lb.look_back(index - chunk, 1, chunk);
+    }
+    const Affine prefix{1.f, carry};
+    carry = fmaf(agg.a, carry, agg.b);
+    if (lookback && threadIdx.x == 0) lb.publish_inclusive(index, carry);
+    return prefix;
+  }
+};
+
+template <typename T, int E, int NT, bool kBackward>
+__global__ void __launch_bounds__(NT) scan_tile_kernel(const ScanParams p, const TileArgs args) {
+  constexpr int kTile = E * NT;
+  using BlockScan = cub::BlockScan<Affine, NT>;
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ int64_t s_vid;
+  __shared__ int64_t s_off[kNumSlots];
+
+  const bool lookback = args.num_chunks > 1;
+  if (threadIdx.x == 0) s_vid = lookback ? static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)) : blockIdx.x;
+  __syncthreads();
+  const int64_t vid = s_vid;
+  const int64_t seq = vid / args.num_chunks, chunk = vid - seq * args.num_chunks;
+  if (threadIdx.x < kNumSlots) s_off[threadIdx.x] = SeqIndex(p, seq).offset(p, threadIdx.x);
+  __syncthreads();
+
+  const T* in = slot_ptr<T>(p, kIn, s_off[kIn]);
+  const T* cf = slot_ptr<T>(p, kCoeff, s_off[kCoeff]);
+  T* y = slot_ptr<T>(p, kOut, s_off[kOut]);
+  const T* h0 = slot_ptr<T>(p, kInit, s_off[kInit]);
+  const int64_t L = p.len, ls_in = p.lstride[kIn], ls_c = p.lstride[kCoeff], ls_y = p.lstride[kOut];
+  const unsigned vm = args.vec_mask;
+  const float init = h0 ? to_float(*h0) : 0.f;
+
+  TileCarry carry{kBackward ? 0.f : init, lookback, args.lb, vid, chunk};
+  const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile;
+  for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
+    const int64_t t0 = chunk_t0 + tile * kTile;
+    if (t0 >= L) break;
+    const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
+    const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+    float v[E], c[E];
+    load_steps<T, E>(in, ls_in, tf, nv, vm >> kIn & 1, 0.f, v);
+    load_steps<T, E>(cf, ls_c, tf, nv, vm >> kCoeff & 1, 1.f, c);
+    float yn[E];
+    if constexpr (kBackward) {
+      // Step t uses c[t-1] (the coefficient one step further along the forward scan) and
+      // y[t+1] (the forward state before step t; `initial` past the end).
+      load_steps<T, E>(y, ls_y, tf, nv, vm >> kOut & 1, 0.f, yn);
+      const float c_before = (nv > 0 && tf > 0) ? to_float(cf[(tf - 1) * ls_c]) : 0.f;
+      const float y_after = (tf + E < L) ? to_float(y[(tf + E) * ls_y]) : init;
+#pragma unroll
+      for (int i = E - 1; i > 0; --i) c[i] = i < nv ? c[i - 1] : 1.f;
+      c[0] = nv > 0 ? c_before : 1.f;
+#pragma unroll
+      for (int i = 0; i < E - 1; ++i) yn[i] = (i + 1 < nv) ? yn[i + 1] : (tf + i + 1 == L ? init : 0.f);
+      yn[E - 1] = (nv == E) ? y_after : yn[E - 1];
+    }
+    Affine agg{1.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < E; ++i) agg = ComposeOp()(agg, Affine{c[i], v[i]});
+    Affine prefix;
+    BlockScan(scan_storage).ExclusiveScan(agg, prefix, ComposeOp(), carry);
+    float h = prefix.b, h_last = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      h = fmaf(c[i], h, v[i]);
+      v[i] = h;
+      if (i < nv) h_last = h;
+    }
+    if constexpr (!kBackward) {
+      store_steps<T, E>(y, ls_y, tf, nv, vm >> kOut & 1, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < E; ++i) yn[i] *= v[i];
+      store_steps<T, E>(slot_ptr<T>(p, kGradIn, s_off[kGradIn]), p.lstride[kGradIn], tf, nv, vm >> kGradIn & 1, v);
+      store_steps<T, E>(slot_ptr<T>(p, kGradCoeff, s_off[kGradCoeff]), p.lstride[kGradCoeff], tf, nv,
+                        vm >> kGradCoeff & 1, yn);
+      if (nv > 0 && tf + nv == L) {  // this thread holds the last step: d initial = c[L-1] * g[L-1]
+        *slot_ptr<T>(p, kGradInit, s_off[kGradInit]) = from_float<T>(to_float(cf[(L - 1) * ls_c]) * h_last);
+      }
+    }
+    __syncthreads();  // scan_storage is reused by the next tile
+  }
+}
+
+}  // namespace linrec
