@@ -104,6 +104,56 @@ struct LookbackState {
       p *= a;
     }
   }
+
+  // Same as look_back, run by a whole warp over one sequence: each lane reads one of 32
+  // predecessors per round trip (lane 0 the nearest); the aggregates before the nearest
+  // inclusive prefix are composed with an ordered shuffle reduction. Returns the state on
+  // every lane.
+  __device__ __forceinline__ float warp_look_back(int64_t base, int64_t step, int64_t chunk) const {
+    const int lane = threadIdx.x & 31;
+    float p = 1.f, q = 0.f;
+    for (int64_t hi = chunk - 1;; hi -= 32) {
+      const int64_t k = hi - lane;
+      const int64_t i = base + k * step;
+      int f = kInclusive;
+      if (k >= 0) {
+        do {
+          f = *reinterpret_cast<volatile const int*>(flag + i);
+        } while (f == 0);
+      }
+      __syncwarp();
+      __threadfence();
+      float a = 1.f, b = 0.f, h = 0.f;
+      if (k >= 0) {
+        if (f == kInclusive) {
+          h = __ldcg(incl + i);
+        } else {
+          a = __ldcg(agg_a + i);
+          b = __ldcg(agg_b + i);
+        }
+      }
+      const unsigned inclusive = __ballot_sync(0xffffffffu, f == kInclusive);
+      const int stop = inclusive ? __ffs(inclusive) - 1 : 32;
+      if (lane >= stop) a = 1.f, b = 0.f;
+      // Ordered reduction: lane 0 ends with map_0 o map_1 o ... o map_31 (map_0 applied last).
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const float a2 = __shfl_down_sync(0xffffffffu, a, d), b2 = __shfl_down_sync(0xffffffffu, b, d);
+        if (lane + d < 32) {
+          b = fmaf(a, b2, b);
+          a *= a2;
+        }
+      }
+      a = __shfl_sync(0xffffffffu, a, 0);
+      b = __shfl_sync(0xffffffffu, b, 0);
+      if (stop < 32) {
+        h = __shfl_sync(0xffffffffu, h, stop);
+        return fmaf(p, fmaf(a, h, b), q);
+      }
+      q = fmaf(p, b, q);
+      p *= a;
+    }
+  }
 };
 
 }  // namespace linrec

@@ -27,9 +27,22 @@ inline LookbackState lookback_state(const ScanPlan& plan, void* workspace) {
 template <typename T, bool kBackward, int I = 0>
 cudaError_t launch_tile(const ScanParams& p, const ScanPlan& plan, const TileArgs& args, cudaStream_t stream) {
   if constexpr (I < kNumTileConfigs) {
-    constexpr TileConfig cfg = kTileConfigs[I];
+    constexpr TileConfig cfg = tile_config(sizeof(T), I);
     if (plan.config != I) return launch_tile<T, kBackward, I + 1>(p, plan, args, stream);
     scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+    return cudaGetLastError();
+  } else {
+    return cudaErrorInvalidConfiguration;
+  }
+}
+
+template <typename T, bool kBackward, int I = 0>
+cudaError_t launch_channel(const ScanParams& p, const ScanPlan& plan, const ChannelArgs& args, cudaStream_t stream) {
+  if constexpr (I < kNumChannelConfigs) {
+    constexpr ChannelConfig cfg = kChannelConfigs[I];
+    if (plan.config != I) return launch_channel<T, kBackward, I + 1>(p, plan, args, stream);
+    scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, kBackward>
+        <<<plan.grid, cfg.threads(), 0, stream>>>(p, args);
     return cudaGetLastError();
   } else {
     return cudaErrorInvalidConfiguration;
@@ -49,10 +62,8 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
     const TileArgs args{plan.num_chunks, plan.per_chunk, plan.vec_mask, lb};
     return launch_tile<T, kBackward>(p, plan, args, stream);
   }
-  const ChannelArgs args{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, kChannelThreads), lb};
-  scan_channel_kernel<T, kChannelSteps, kChannelThreads, kBackward>
-      <<<plan.grid, kChannelThreads, 0, stream>>>(p, args);
-  return cudaGetLastError();
+  const ChannelArgs args{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, 32), lb};
+  return launch_channel<T, kBackward>(p, plan, args, stream);
 }
 
 }  // namespace linrec

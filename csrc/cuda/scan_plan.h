@@ -9,24 +9,50 @@
 
 namespace linrec {
 
-// Tile kernel configs (elements per thread E, threads per block NT). E * sizeof(T) is a
-// multiple of 16 bytes for every dtype, so each thread moves whole 16-byte vectors.
+// Tile kernel configs (elements per thread E, threads per block NT), one list per element
+// size. Every thread moves whole 16-byte vectors, at least two per tensor: with one, the
+// bf16 L=1024 case kept too few bytes in flight (0.78 of torch.add on the H100, against
+// 1.00 for float32 with two).
 struct TileConfig {
   int elems, threads;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
 };
-// 256 steps: short sequences waste no threads; 1024: the common L=1024 in one tile with
-// 8 steps per thread (enough independent loads in flight at 128 threads); 4096: long
-// sequences, fewer tiles and look-back hops per sequence at moderate register use.
-constexpr TileConfig kTileConfigs[] = {{8, 32}, {8, 128}, {16, 256}};
-constexpr int kNumTileConfigs = 3;
+// Smallest tile first. 4-byte: 256 steps for short sequences (no idle threads), 1024 for
+// the common L=1024 in one tile, 4096 for long sequences (fewer tiles and look-back hops).
+// The last entry serves look-back mode: smaller blocks, more of them resident per SM, so
+// the look-back waits of some blocks overlap the loads of others.
+constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}};
+// 2-byte: the same tile sizes with twice the steps per thread.
+constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {16, 64}, {32, 128}, {32, 64}};
+constexpr int kNumTileConfigs = 4;
+constexpr int kNumSizeTileConfigs = 3;  // chosen by length; the rest by mode
+constexpr TileConfig tile_config(int elem_size, int i) {
+  return elem_size == 2 ? kTileConfigs2B[i] : kTileConfigs4B[i];
+}
 
-// Channel kernel: CH steps per thread held in registers; 128 threads = 4 warps of
-// consecutive channels. CH = 32 issues 64 loads per thread before the first use (hiding
-// DRAM latency with few channels) while keeping the look-back status traffic at ~1/25
-// of the data for float32.
-constexpr int kChannelSteps = 32;
-constexpr int kChannelThreads = 128;
+// Channel kernel: a block is 32 channels x `rows` warps, each thread `steps` steps, at
+// least `min_blocks` blocks per SM in the forward, half in the backward (a register cap
+// that stays spill-free). A span of rows x steps shares one
+// look-back status per channel. A first version (one warp row, 32 steps per thread, 128
+// registers, 4 blocks/SM) reached 0.72 of torch.add on mamba-BLD float32; 8 rows x 16 steps
+// at 98 registers (2 blocks/SM) only 0.56: bytes in flight per SM decide.
+struct ChannelConfig {
+  int steps, rows, min_blocks;
+  constexpr int threads() const { return 32 * rows; }
+  constexpr int64_t span() const { return int64_t(steps) * rows; }
+};
+constexpr ChannelConfig kChannelConfigs[] = {{16, 8, 2}, {16, 4, 5}, {32, 4, 3}, {32, 2, 6}};
+constexpr int kNumChannelConfigs = 4;
+constexpr int kDefaultChannelConfig = 2;
+constexpr int kDefaultTileLookbackConfig = 3;
+
+// Tuning override for experiments: TORCH_LINREC_CUDA_CHANNEL_CONFIG / _TILE_LOOKBACK_CONFIG.
+inline int config_override(const char* name, int fallback, int count) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  const int i = std::atoi(v);
+  return (i >= 0 && i < count) ? i : fallback;
+}
 
 // Resident threads per SM the plans assume (2048 on Hopper at full occupancy).
 constexpr int64_t kThreadsPerSM = 2048;
@@ -35,9 +61,9 @@ enum class ScanKind : int { kTile = 0, kChannel = 1 };
 
 struct ScanPlan {
   ScanKind kind;
-  int config;              // index into kTileConfigs (tile kernel)
+  int config;              // index into the tile or channel configs
   int64_t num_chunks;      // blocks per sequence along the scan; > 1 means decoupled look-back
-  int64_t per_chunk;       // tiles (tile kernel) or CH-step pieces (channel) each block walks
+  int64_t per_chunk;       // tiles (tile kernel) or spans (channel kernel) each block walks
   int64_t grid;            // blocks
   unsigned vec_mask;       // tile kernel: slots that take 16-byte vector accesses
   size_t workspace_bytes;  // look-back status (0 without look-back)
@@ -68,13 +94,13 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms) {
   int64_t lookback_entries = 0;
   if (!channel) {
     plan.kind = ScanKind::kTile;
-    plan.config = kNumTileConfigs - 1;
-    for (int i = 0; i < kNumTileConfigs; ++i)
-      if (kTileConfigs[i].tile() >= L) {
+    plan.config = kNumSizeTileConfigs - 1;
+    for (int i = 0; i < kNumSizeTileConfigs; ++i)
+      if (tile_config(elem_size, i).tile() >= L) {
         plan.config = i;
         break;
       }
-    const TileConfig cfg = kTileConfigs[plan.config];
+    const TileConfig cfg = tile_config(elem_size, plan.config);
     const int64_t tiles = ceil_div(L, cfg.tile());
     const int64_t resident_blocks = num_sms * (kThreadsPerSM / cfg.threads);
     // Enough sequences for two waves: one block walks all tiles of a sequence (no status
@@ -83,7 +109,9 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms) {
       plan.num_chunks = 1;
       plan.per_chunk = tiles;
     } else {
-      plan.num_chunks = tiles;
+      plan.config = config_override("TORCH_LINREC_CUDA_TILE_LOOKBACK_CONFIG", kDefaultTileLookbackConfig,
+                                    kNumTileConfigs);
+      plan.num_chunks = ceil_div(L, tile_config(elem_size, plan.config).tile());
       plan.per_chunk = 1;
     }
     plan.grid = p.num_seq * plan.num_chunks;
@@ -91,17 +119,21 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms) {
       if (s != kInit && s != kGradInit && vectorizable(p, s, elem_size)) plan.vec_mask |= 1u << s;
   } else {
     plan.kind = ScanKind::kChannel;
-    const int64_t pieces = ceil_div(L, kChannelSteps);
-    // Pipe along L inside each thread only when the channels alone fill the GPU four times
-    // over; else every CH-step piece is its own block row, chained by look-back.
-    if (pieces == 1 || p.num_seq >= 4 * num_sms * kThreadsPerSM) {
+    plan.config = config_override("TORCH_LINREC_CUDA_CHANNEL_CONFIG", kDefaultChannelConfig, kNumChannelConfigs);
+    const ChannelConfig cfg = kChannelConfigs[plan.config];
+    const int64_t spans = ceil_div(L, cfg.span());
+    const int64_t seq_blocks = ceil_div(p.num_seq, 32);
+    const int64_t resident_blocks = num_sms * cfg.min_blocks;
+    // Pipe along L inside each block only when the channel blocks alone fill two waves;
+    // else every span is its own block, chained by look-back.
+    if (spans == 1 || seq_blocks >= 2 * resident_blocks) {
       plan.num_chunks = 1;
-      plan.per_chunk = pieces;
+      plan.per_chunk = spans;
     } else {
-      plan.num_chunks = pieces;
+      plan.num_chunks = spans;
       plan.per_chunk = 1;
     }
-    plan.grid = ceil_div(p.num_seq, kChannelThreads) * plan.num_chunks;
+    plan.grid = seq_blocks * plan.num_chunks;
   }
   if (plan.num_chunks > 1) {
     lookback_entries = p.num_seq * plan.num_chunks;

@@ -78,12 +78,13 @@ struct TileCarry {
   float carry;
   bool lookback;
   LookbackState lb;
-  int64_t index, chunk;  // status index of this (sequence, chunk)
+  int64_t seq, num_seq, chunk;  // status of chunk k of sequence s at k * num_seq + s
+  int64_t index;
 
   __device__ __forceinline__ Affine operator()(Affine agg) {
-    if (lookback && threadIdx.x == 0 && chunk > 0) {
-      lb.publish_aggregate(index, agg);
-      carry = lb.look_back(index - chunk, 1, chunk);
+    if (lookback && chunk > 0) {
+      if (threadIdx.x == 0) lb.publish_aggregate(index, agg);
+      carry = lb.warp_look_back(seq, num_seq, chunk);
     }
     const Affine prefix{1.f, carry};
     carry = fmaf(agg.a, carry, agg.b);
@@ -104,7 +105,8 @@ __global__ void __launch_bounds__(NT) scan_tile_kernel(const ScanParams p, const
   if (threadIdx.x == 0) s_vid = lookback ? static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)) : blockIdx.x;
   __syncthreads();
   const int64_t vid = s_vid;
-  const int64_t seq = vid / args.num_chunks, chunk = vid - seq * args.num_chunks;
+  // Chunk-major order: all sequences' chunk k start before any chunk k+1, keeping look-back short.
+  const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
   if (threadIdx.x < kNumSlots) s_off[threadIdx.x] = SeqIndex(p, seq).offset(p, threadIdx.x);
   __syncthreads();
 
@@ -116,7 +118,7 @@ __global__ void __launch_bounds__(NT) scan_tile_kernel(const ScanParams p, const
   const unsigned vm = args.vec_mask;
   const float init = h0 ? to_float(*h0) : 0.f;
 
-  TileCarry carry{kBackward ? 0.f : init, lookback, args.lb, vid, chunk};
+  TileCarry carry{kBackward ? 0.f : init, lookback, args.lb, seq, p.num_seq, chunk, vid};
   const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile;
   for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
     const int64_t t0 = chunk_t0 + tile * kTile;
