@@ -19,8 +19,9 @@ struct TileConfig {
 };
 // Smallest tile first. 4-byte: 256 steps for short sequences (no idle threads), 1024 for
 // the common L=1024 in one tile, 4096 for long sequences (fewer tiles and look-back hops).
-// The last entry serves look-back mode: smaller blocks, more of them resident per SM, so
-// the look-back waits of some blocks overlap the loads of others.
+// The last entry was meant for look-back mode (smaller blocks, more resident per SM), but
+// the 4096-step tile of 256 threads measured faster on few-long (0.63 vs 0.57 of torch.add),
+// so look-back mode defaults to entry 2; entry 3 stays for the override below.
 constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}};
 // 2-byte: the same tile sizes with twice the steps per thread.
 constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {16, 64}, {32, 128}, {32, 64}};
@@ -35,7 +36,9 @@ constexpr TileConfig tile_config(int elem_size, int i) {
 // that stays spill-free). A span of rows x steps shares one
 // look-back status per channel. A first version (one warp row, 32 steps per thread, 128
 // registers, 4 blocks/SM) reached 0.72 of torch.add on mamba-BLD float32; 8 rows x 16 steps
-// at 98 registers (2 blocks/SM) only 0.56: bytes in flight per SM decide.
+// at 98 registers (2 blocks/SM) measured 0.56 once and 0.94 in a later sweep of the four
+// configs below (H100, same session), where {16,8,2} led on mamba-BLD float32 and bf16
+// (0.94 / 0.63), ahead of {32,4,3} (0.88 / 0.55), {16,4,5} (0.75 / 0.43), {32,2,6} (0.71 / 0.42).
 struct ChannelConfig {
   int steps, rows, min_blocks;
   constexpr int threads() const { return 32 * rows; }
@@ -43,8 +46,8 @@ struct ChannelConfig {
 };
 constexpr ChannelConfig kChannelConfigs[] = {{16, 8, 2}, {16, 4, 5}, {32, 4, 3}, {32, 2, 6}};
 constexpr int kNumChannelConfigs = 4;
-constexpr int kDefaultChannelConfig = 2;
-constexpr int kDefaultTileLookbackConfig = 3;
+constexpr int kDefaultChannelConfig = 0;
+constexpr int kDefaultTileLookbackConfig = 2;
 
 // Tuning override for experiments: TORCH_LINREC_CUDA_CHANNEL_CONFIG / _TILE_LOOKBACK_CONFIG.
 inline int config_override(const char* name, int fallback, int count) {
