@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU part in one command on a bare CUDA machine with no internet:
-# build (timed), the CUDA-marked tests, and the benchmark main job.
+# build (timed), the benchmark main job, and the CUDA-marked tests.
 #   OUT=/path/to/results bash scripts/gpu_all.sh [pytest -k expr]
 # Writes build.log, tests.log, bench.log, the benchmark CSV and PNG under $OUT.
 set -uo pipefail
@@ -21,6 +21,7 @@ echo "build: rc=$rc in $(( $(date +%s) - start )) s (MAX_JOBS=$MAX_JOBS)" | tee 
 grep -iE "spill|error" "$OUT/build.log" | grep -v " 0 bytes spill" | head -20
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit $rc; }
 
-python3 -m pytest tests -q -m "cuda" -x ${1:+-k "$1"} -p no:cacheprovider >"$OUT/tests.log" 2>&1
-echo "cuda tests: rc=$?"; tail -5 "$OUT/tests.log"
-python3 -m torch_linrec --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
+python3 -m torch_linrec --out "$OUT" --no-progress 2>&1 | tee "$OUT/bench.log" | tail -40
+timeout "${TEST_TIMEOUT:-900}" python3 -m pytest tests -q -m "cuda" ${1:+-k "$1"} -p no:cacheprovider \
+  --durations=15 >"$OUT/tests.log" 2>&1
+echo "cuda tests: rc=$?"; tail -25 "$OUT/tests.log"
