@@ -21,13 +21,13 @@ def with_cuda() -> bool:
 
 def extension():
     cpp = sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
-    cxx = ["-O3", "-std=c++17"]
+    cxx = ["-O3"]  # the C++ standard is torch's own choice: headers must match its build
     if not with_cuda():
         print("torch_linrec: building the CPU kernels only (no CUDA torch or nvcc found)")
         return CppExtension("torch_linrec._C", cpp, extra_compile_args={"cxx": cxx}, py_limited_api=True)
     print("torch_linrec: building the CPU and CUDA kernels")
     cuda = sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/*.cpp"))
-    nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-Xptxas=-warn-spills",
+    nvcc = ["-O3", "--use_fast_math", "-lineinfo", "-Xptxas=-warn-spills",
             "--expt-relaxed-constexpr"]
     return CUDAExtension("torch_linrec._C", cpp + cuda, define_macros=[("LINREC_WITH_CUDA", "1")],
                          extra_compile_args={"cxx": cxx, "nvcc": nvcc}, py_limited_api=True)

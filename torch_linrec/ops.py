@@ -29,6 +29,9 @@ def fake_scan_backward(grad_y, coeffs, y, initial, dim, reverse):
     torch._check_with(ValueError, grad_y.shape == y.shape,
                       lambda: f"linrec.scan_backward: grad_y must have the shape of y ({tuple(y.shape)}), "
                               f"got {tuple(grad_y.shape)}")
+    torch._check_with(ValueError, grad_y.dtype == y.dtype and grad_y.device == y.device,
+                      lambda: f"linrec.scan_backward: grad_y must have the dtype and device of y ({y.dtype}, "
+                              f"{y.device}), got {grad_y.dtype}, {grad_y.device}")
     grad_x = torch.empty_like(y)
     grad_c = torch.empty_like(y)
     if coeffs.shape != y.shape:

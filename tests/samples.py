@@ -1,0 +1,258 @@
+"""Sample inputs and float64 references for the tests of ``torch.ops.linrec.scan``.
+
+``sample_inputs(device, dtype, requires_grad)`` yields ``(args, kwargs)`` pairs for the op covering
+layouts (contiguous, transposed, sliced, permuted, expanded), odd and empty lengths, broadcast
+``coeffs`` / ``initial``, negative ``dim``, both scan directions and ranks 1 to 7. Each yielded pair
+also carries a ``.name``; :data:`SAMPLE_NAMES` lists them so tests can be parametrized per sample.
+
+Values: ``x`` and ``initial`` ~ randn, ``coeffs`` ~ uniform(0.5, 1), drawn on the CPU from a
+generator seeded by the sample's name (so the CPU and CUDA runs see the same numbers).
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Callable, NamedTuple
+
+import torch
+
+import torch_linrec
+
+__all__ = ["Sample", "SAMPLE_NAMES", "SMALL_SAMPLE_NAMES", "make_sample", "sample_inputs", "unpack",
+           "ref_scan", "ref_scan_backward", "blocked_scan_ref", "scaled_err", "assert_close_scaled", "TOL",
+           "batch_shape", "poison_allocator"]
+
+# Max allowed  max|out - ref| / max(max|ref|, 1)  per dtype.
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+class Sample(tuple):
+    """``(args, kwargs)`` for ``torch.ops.linrec.scan``, with a ``.name``."""
+
+    def __new__(cls, name: str, args: tuple, kwargs: dict):
+        s = super().__new__(cls, (args, kwargs))
+        s.name = name
+        return s
+
+
+class _Maker:
+    """Draws the tensors of one sample: on the CPU from a seeded generator, then moved to ``device``."""
+
+    def __init__(self, name: str, device, dtype, requires_grad: bool):
+        self.gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        self.device, self.dtype, self.rg = torch.device(device), dtype, requires_grad
+
+    def _fin(self, t: torch.Tensor) -> torch.Tensor:
+        # Keeps the strides of views (transposed, sliced, expanded) and makes a leaf.
+        return t.detach().requires_grad_(self.rg)
+
+    def _new(self, shape, kind):
+        if kind == "c":
+            t = torch.rand(shape, generator=self.gen, dtype=torch.float64) * 0.5 + 0.5
+        else:
+            t = torch.randn(shape, generator=self.gen, dtype=torch.float64)
+        return t.to(self.device, self.dtype)
+
+    def x(self, shape, view: Callable | None = None):
+        t = self._new(shape, "x")
+        return self._fin(view(t) if view else t)
+
+    def c(self, shape, view: Callable | None = None):
+        t = self._new(shape, "c")
+        return self._fin(view(t) if view else t)
+
+    def h(self, shape, view: Callable | None = None):
+        t = self._new(shape, "x")
+        return self._fin(view(t) if view else t)
+
+
+# name -> (builder(maker) -> (x, coeffs, initial, dim), big). Every spec runs with reverse False and True.
+_SPECS: dict[str, tuple[Callable, bool]] = {}
+
+
+def _spec(name: str, big: bool = False):
+    def deco(fn):
+        _SPECS[name] = (fn, big)
+        return fn
+    return deco
+
+
+# --- contiguous, odd lengths
+_spec("NL")(lambda m: (m.x((4, 64)), m.c((4, 64)), None, -1))
+_spec("NL_init")(lambda m: (m.x((4, 64)), m.c((4, 64)), m.h((4,)), -1))
+_spec("BLD_dim1")(lambda m: (m.x((2, 33, 8)), m.c((2, 33, 8)), m.h((2, 8)), 1))
+_spec("BLD_odd_tail")(lambda m: (m.x((3, 37, 19)), m.c((3, 37, 19)), m.h((3, 19)), 1))
+_spec("BLD_D1")(lambda m: (m.x((2, 33, 1)), m.c((2, 33, 1)), None, 1))
+_spec("dim0_contig")(lambda m: (m.x((19, 6)), m.c((19, 6)), m.h((6,)), 0))
+_spec("1d")(lambda m: (m.x((50,)), m.c((50,)), m.h(()), 0))
+_spec("len1")(lambda m: (m.x((3, 1)), m.c((3, 1)), m.h((3,)), -1))
+_spec("len7")(lambda m: (m.x((3, 7)), m.c((3, 7)), None, -1))
+_spec("len33")(lambda m: (m.x((5, 33)), m.c((5, 33)), m.h((5,)), -1))
+_spec("len1000", big=True)(lambda m: (m.x((3, 1000)), m.c((3, 1000)), None, -1))
+_spec("len4097", big=True)(lambda m: (m.x((2, 4097)), m.c((2, 4097)), m.h((2,)), -1))
+_spec("many_seq")(lambda m: (m.x((37, 70)), m.c((37, 70)), m.h((37,)), -1))
+# --- empty
+_spec("L0")(lambda m: (m.x((3, 0)), m.c((3, 0)), m.h((3,)), -1))
+_spec("L0_BLD_bcast")(lambda m: (m.x((2, 0, 4)), m.c((4,)), m.h((2, 4)), 1))
+_spec("batch0")(lambda m: (m.x((0, 5)), m.c((0, 5)), m.h((0,)), -1))
+_spec("batch0_BLD_bcast")(lambda m: (m.x((2, 5, 0)), m.c((1, 5, 0)), None, 1))
+# --- non-contiguous layouts
+_spec("transposed")(lambda m: (m.x((17, 5), lambda t: t.t()), m.c((17, 5), lambda t: t.t()), m.h((5,)), -1))
+_spec("transposed_dim0")(lambda m: (m.x((5, 17), lambda t: t.t()), m.c((5, 17), lambda t: t.t()), None, 0))
+_spec("transposed_mixed")(lambda m: (m.x((17, 5), lambda t: t.t()), m.c((5, 17)), m.h((5,)), -1))
+_spec("sliced")(lambda m: (m.x((4, 40), lambda t: t[:, ::2]), m.c((4, 40), lambda t: t[:, ::2]),
+                           m.h((8,), lambda t: t[::2]), -1))
+_spec("sliced_offset")(lambda m: (m.x((6, 30), lambda t: t[::2, 1:]), m.c((3, 29)), None, -1))
+_spec("sliced_BLD")(lambda m: (m.x((2, 66, 9), lambda t: t[:, ::2, 1:]), m.c((2, 33, 8)), m.h((2, 8)), 1))
+_spec("permuted")(lambda m: (m.x((8, 3, 19), lambda t: t.permute(1, 2, 0)),
+                             m.c((19, 3, 8), lambda t: t.permute(1, 0, 2)), m.h((3, 8)), 1))
+_spec("permuted_4d")(lambda m: (m.x((5, 4, 3, 2), lambda t: t.permute(3, 1, 0, 2)), m.c((2, 4, 5, 3)),
+                                m.h((2, 4, 3)), 2))
+_spec("x_expand_batch")(lambda m: (m.x((1, 33, 8), lambda t: t.expand(3, 33, 8)), m.c((3, 33, 8)), None, 1))
+_spec("x_expand_L")(lambda m: (m.x((4, 1), lambda t: t.expand(4, 20)), m.c((4, 20)), m.h((4,)), -1))
+# --- broadcast coeffs
+_spec("c_D")(lambda m: (m.x((2, 33, 8)), m.c((8,)), None, 1))
+_spec("c_B1D")(lambda m: (m.x((2, 33, 8)), m.c((2, 1, 8)), m.h((2, 8)), 1))
+_spec("c_BL1")(lambda m: (m.x((2, 33, 8)), m.c((2, 33, 1)), m.h((2, 8)), 1))
+_spec("c_1")(lambda m: (m.x((4, 33)), m.c((1,)), m.h((4,)), -1))
+_spec("c_0d")(lambda m: (m.x((4, 33)), m.c(()), None, -1))
+_spec("c_L")(lambda m: (m.x((4, 33)), m.c((33,)), None, -1))
+_spec("c_expand")(lambda m: (m.x((2, 33, 8)), m.c((2, 1, 8), lambda t: t.expand(2, 33, 8)), None, 1))
+# --- broadcast initial
+_spec("init_bcast_D")(lambda m: (m.x((2, 33, 8)), m.c((2, 33, 8)), m.h((8,)), 1))
+_spec("init_bcast_1")(lambda m: (m.x((4, 33)), m.c((4, 33)), m.h((1,)), -1))
+_spec("init_0d")(lambda m: (m.x((4, 33)), m.c((4, 33)), m.h(()), -1))
+_spec("init_expand")(lambda m: (m.x((2, 33, 8)), m.c((8,)), m.h((1, 8), lambda t: t.expand(2, 8)), 1))
+# --- dims
+_spec("dim_neg2")(lambda m: (m.x((2, 9, 5)), m.c((9, 1)), m.h((2, 5)), -2))
+_spec("4d_dim2")(lambda m: (m.x((2, 3, 17, 4)), m.c((3, 1, 4)), m.h((2, 3, 4)), 2))
+_spec("4d_dim_neg4")(lambda m: (m.x((13, 2, 3, 2)), m.c((13, 2, 3, 2)), m.h((2, 1, 2)), -4))
+_spec("high_rank")(lambda m: (m.x((2, 1, 2, 3, 1, 2, 9)), m.c((2, 1, 2, 3, 1, 2, 9)), m.h((2, 3, 1, 2)), -1))
+
+SAMPLE_NAMES: list[str] = [f"{n}-{d}" for n in _SPECS for d in ("fwd", "rev")]
+SMALL_SAMPLE_NAMES: list[str] = [n for n in SAMPLE_NAMES if not _SPECS[n.rsplit("-", 1)[0]][1]]
+
+
+def make_sample(name: str, device="cpu", dtype=torch.float32, requires_grad: bool = False) -> Sample:
+    """The sample ``name`` (one of :data:`SAMPLE_NAMES`) as ``(args, kwargs)`` for ``torch.ops.linrec.scan``."""
+    base, direction = name.rsplit("-", 1)
+    builder, _ = _SPECS[base]
+    x, c, h0, dim = builder(_Maker(name, device, dtype, requires_grad))
+    reverse = direction == "rev"
+    # Vary how arguments are passed: positional or keyword, defaults left out where they apply.
+    if h0 is None and not reverse and dim == -1:
+        return Sample(name, (x, c), {})
+    if zlib.crc32(name.encode()) % 2:
+        return Sample(name, (x, c, h0, dim, reverse), {})
+    kwargs = {"dim": dim, "reverse": reverse}
+    if h0 is not None:
+        kwargs["initial"] = h0
+    return Sample(name, (x, c), kwargs)
+
+
+def sample_inputs(device="cpu", dtype=torch.float32, requires_grad: bool = False, small: bool = False):
+    """Yields every sample as ``(args, kwargs)`` (with ``.name``); ``small`` leaves out the long ones."""
+    for name in (SMALL_SAMPLE_NAMES if small else SAMPLE_NAMES):
+        yield make_sample(name, device, dtype, requires_grad)
+
+
+def unpack(sample) -> tuple:
+    """``(x, coeffs, initial, dim, reverse)`` of a sample, defaults filled in."""
+    args, kwargs = sample
+    names = ("x", "coeffs", "initial", "dim", "reverse")
+    vals = dict(zip(names, args))
+    vals.update(kwargs)
+    defaults = {"initial": None, "dim": -1, "reverse": False}
+    return tuple(vals.get(n, defaults.get(n)) for n in names)
+
+
+def batch_shape(x: torch.Tensor, dim: int) -> tuple:
+    dim = dim % x.dim()
+    return tuple(s for i, s in enumerate(x.shape) if i != dim)
+
+
+def _f64(t):
+    return None if t is None else t.detach().to("cpu", torch.float64)
+
+
+def ref_scan(x, coeffs, initial=None, dim=-1, reverse=False) -> torch.Tensor:
+    """Float64 CPU reference of the forward from the (possibly low-precision) inputs."""
+    x, coeffs, initial = _f64(x), _f64(coeffs), _f64(initial)
+    if x.shape[dim % x.dim()] > 2048:
+        return blocked_scan_ref(x, coeffs, initial, dim, reverse)
+    return torch_linrec.scan_ref(x, coeffs, initial, dim, reverse)
+
+
+def ref_scan_backward(grad_y, coeffs, y, initial, dim, reverse):
+    """Float64 CPU reference of ``scan_backward``; handles L == 0 (grads zero)."""
+    grad_y, coeffs, y, initial = _f64(grad_y), _f64(coeffs), _f64(y), _f64(initial)
+    d = dim % y.dim()
+    if y.shape[d] == 0:
+        return torch.zeros_like(y), torch.zeros(coeffs.shape, dtype=y.dtype), torch.zeros(batch_shape(y, d),
+                                                                                           dtype=y.dtype)
+    return torch_linrec.scan_backward_ref(grad_y, coeffs, y, initial, d, reverse)
+
+
+def blocked_scan_ref(x, coeffs, initial=None, dim=-1, reverse=False, block: int = 1024) -> torch.Tensor:
+    """The scan in float64, vectorized over blocks of ``block`` steps (two Python loops of ~sqrt(L)
+    steps instead of one of L), for long sequences. Runs on the device of ``x``.
+    """
+    dim = dim % x.dim()
+    x64 = x.detach().double()
+    c64 = coeffs.detach().double().expand(x.shape)
+    xs, cs = x64.movedim(dim, -1), c64.movedim(dim, -1)
+    if reverse:
+        xs, cs = xs.flip(-1), cs.flip(-1)
+    L = xs.shape[-1]
+    if L == 0:
+        return torch.empty_like(x64)
+    nb = -(-L // block)
+    pad = nb * block - L
+    xs = torch.nn.functional.pad(xs, (0, pad), value=0.0)
+    cs = torch.nn.functional.pad(cs, (0, pad), value=1.0)
+    xb = xs.reshape(*xs.shape[:-1], nb, block)
+    cb = cs.reshape(*cs.shape[:-1], nb, block)
+    local = torch.empty_like(xb)
+    h = torch.zeros_like(xb[..., 0])
+    for k in range(block):  # scan inside every block at once, from zero
+        h = cb[..., k] * h + xb[..., k]
+        local[..., k] = h
+    prod = torch.cumprod(cb, -1)  # prod[.., b, k] = c[b, 0] * ... * c[b, k]
+    carry = torch.zeros_like(xs[..., 0])
+    if initial is not None:
+        carry = carry + initial.detach().double().to(x64.device)
+    carries = torch.empty_like(xb[..., 0])
+    for b in range(nb):  # state entering each block
+        carries[..., b] = carry
+        carry = prod[..., b, -1] * carry + local[..., b, -1]
+    y = (local + prod * carries[..., None]).reshape(xs.shape)[..., :L]
+    if reverse:
+        y = y.flip(-1)
+    return y.movedim(-1, dim).contiguous()
+
+
+def scaled_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``max|out - ref| / max(max|ref|, 1)`` (0 for empty tensors)."""
+    if ref.numel() == 0:
+        return 0.0
+    out = out.detach().to("cpu", torch.float64)
+    ref = ref.detach().to("cpu", torch.float64)
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1.0)).item()
+
+
+def assert_close_scaled(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "output",
+                        tol: float | None = None) -> None:
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    tol = TOL[dtype] if tol is None else tol
+    err = scaled_err(out, ref)
+    assert err <= tol, f"{what}: scaled error {err:.3g} > {tol:g}"
+
+
+def poison_allocator(t_like: torch.Tensor, copies: int = 4) -> None:
+    """Fills freed memory with NaN so that an output the kernel leaves unwritten likely shows NaN.
+
+    Allocates and frees NaN-filled blocks of the byte size of ``t_like``; the CUDA caching allocator
+    (and often the CPU one) hands the same blocks to the next allocations of that size.
+    """
+    n = max(1, t_like.numel())
+    bufs = [torch.full((n,), float("nan"), dtype=t_like.dtype, device=t_like.device) for _ in range(copies)]
+    del bufs

@@ -1,0 +1,167 @@
+"""CUDA-only checks of the native op: > 2^31 elements, every output written on odd shapes,
+large grids, streams, and peak memory of forward + backward. Skipped without a GPU and the CUDA kernels."""
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+import torch_linrec
+from conftest import HAS_CUDA
+from samples import assert_close_scaled, batch_shape, blocked_scan_ref, poison_allocator, ref_scan, ref_scan_backward
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and torch_linrec's CUDA kernels")]
+
+scan_op = torch.ops.linrec.scan
+scan_backward_op = torch.ops.linrec.scan_backward
+
+
+def _inputs(shape, dim, dtype, coeffs_shape=None, initial=True, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    c = torch.empty(coeffs_shape or shape, device="cuda", dtype=torch.float32).uniform_(0.5, 1.0, generator=g).to(dtype)
+    h0 = torch.randn(batch_shape(x, dim), generator=g, device="cuda", dtype=torch.float32).to(dtype) if initial else None
+    return x, c, h0
+
+
+# ----------------------------------------------------------------------------------------------- > 2^31 elements
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+def test_more_than_2_31_elements_rows(reverse):
+    """bf16 x of shape (2^21 + 1, 1024), dim=-1: 2^31 + 1024 elements; the rows around the 2^31 element
+    offset and at both ends against the reference, forward and backward."""
+    R, L = 2 ** 21 + 1, 1024
+    x = torch.empty(R, L, device="cuda", dtype=torch.bfloat16).normal_()
+    c = torch.empty(R, L, device="cuda", dtype=torch.bfloat16).uniform_(0.5, 1.0)
+    h0 = torch.randn(R, device="cuda", dtype=torch.bfloat16)
+    assert x.numel() > 2 ** 31
+    y = scan_op(x, c, h0, -1, reverse)
+    rows = torch.tensor([0, 1, 2 ** 20, 2 ** 21 - 2, 2 ** 21 - 1, 2 ** 21], device="cuda")
+    ref = ref_scan(x[rows], c[rows], h0[rows], -1, reverse)
+    assert_close_scaled(y[rows], ref, torch.bfloat16, "forward rows")
+    assert bool(torch.isfinite(y[-3:]).all())
+    del ref
+    grad_y = torch.empty_like(y).normal_()
+    gx, gc, gh = scan_backward_op(grad_y, c, y, h0, -1, reverse)
+    rx, rc, rh = ref_scan_backward(grad_y[rows], c[rows], y[rows], h0[rows], -1, reverse)
+    assert_close_scaled(gx[rows], rx, torch.bfloat16, "grad_x rows")
+    assert_close_scaled(gc[rows], rc, torch.bfloat16, "grad_coeffs rows")
+    assert_close_scaled(gh[rows], rh, torch.bfloat16, "grad_initial rows")
+
+
+@pytest.mark.slow
+def test_more_than_2_31_elements_long_strided_dim():
+    """Same tensor scanned along dim=0: sequences of 2^21 + 1 steps with stride 1024, so element offsets
+    pass 2^31 inside every sequence; a few columns against the blocked float64 reference."""
+    R, D = 2 ** 21 + 1, 1024
+    x = torch.empty(R, D, device="cuda", dtype=torch.bfloat16).normal_()
+    c = torch.empty(D, device="cuda", dtype=torch.bfloat16).uniform_(0.9, 1.0)  # broadcast along the scan
+    y = scan_op(x, c, None, 0, False)
+    cols = torch.tensor([0, 1, 511, D - 1], device="cuda")
+    ref = blocked_scan_ref(x[:, cols], c[cols], None, 0, False)
+    assert_close_scaled(y[:, cols], ref, torch.bfloat16, "columns")
+
+
+# ----------------------------------------------------------------------------------------------- every element written
+
+_ODD = [
+    ((3, 1), -1), ((5, 7), -1), ((7, 33), -1), ((3, 1025), -1), ((2, 4097, 3), 1), ((3, 65537), -1),
+    ((33, 17, 19), 1), ((1, 2 ** 16 + 1), -1), ((129, 3), 0), ((5, 3, 7, 11), 2), ((2, 257, 65), 1),
+    ((2 ** 17 + 3, 7), -1), ((3, 7, 2 ** 17 + 3), 1), ((70001, 2), 0),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("case", _ODD, ids=lambda c: f"{c[0]}-dim{c[1]}")
+def test_every_element_written_and_matches_cpu(case, reverse, dtype):
+    """Outputs are finite on shapes with odd tails and large grids (memory poisoned with NaN before the
+    calls) and equal the CPU kernel's up to rounding."""
+    shape, dim = case
+    seed = zlib.crc32(repr(case).encode())
+    x, c, h0 = _inputs(shape, dim, dtype, seed=seed)
+    poison_allocator(x, copies=6)
+    y = scan_op(x, c, h0, dim, reverse)
+    assert bool(torch.isfinite(y).all()), "forward left elements unwritten (NaN) or overflowed"
+    gy = torch.randn_like(y)
+    poison_allocator(x, copies=6)
+    grads = scan_backward_op(gy, c, y, h0, dim, reverse)
+    for what, g in zip(("grad_x", "grad_coeffs", "grad_initial"), grads):
+        assert bool(torch.isfinite(g).all()), f"{what} left elements unwritten (NaN)"
+    y_cpu = scan_op(x.cpu(), c.cpu(), h0.cpu(), dim, reverse)
+    assert_close_scaled(y, y_cpu, dtype, "forward vs CPU kernel")
+    grads_cpu = scan_backward_op(gy.cpu(), c.cpu(), y.cpu(), h0.cpu(), dim, reverse)
+    for what, g, gc in zip(("grad_x", "grad_coeffs", "grad_initial"), grads, grads_cpu):
+        assert_close_scaled(g, gc, dtype, f"{what} vs CPU kernel")
+
+
+@pytest.mark.parametrize("coeffs_shape", [None, (64,), (4, 1, 64), (4, 3000, 1)], ids=["full", "D", "B1D", "BL1"])
+def test_broadcast_coeffs_multi_chunk(coeffs_shape):
+    x, c, h0 = _inputs((4, 3000, 64), 1, torch.float32, coeffs_shape=coeffs_shape, seed=3)
+    for reverse in (False, True):
+        y = scan_op(x, c, h0, 1, reverse)
+        assert_close_scaled(y, blocked_scan_ref(x, c, h0, 1, reverse), torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------- streams, devices
+
+
+def test_runs_on_current_stream():
+    """The kernels must run on the current stream: their inputs are written on a side stream after
+    the GPU was kept busy there, so a launch on another stream would read them too early."""
+    c = torch.rand(8, 20000, device="cuda") * 0.5 + 0.5
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)
+        x = torch.empty(8, 20000, device="cuda").normal_()
+        y = scan_op(x, c, None, -1, False)
+        torch.cuda._sleep(100_000_000)
+        gy = torch.empty_like(y).normal_()
+        gx, gc, gh = scan_backward_op(gy, c, y, None, -1, False)
+    s.synchronize()
+    assert_close_scaled(y, blocked_scan_ref(x, c, None, -1, False), torch.float32, "forward on a side stream")
+    c_next = torch.roll(c, -1, dims=-1)
+    assert_close_scaled(gx, blocked_scan_ref(gy, c_next, None, -1, True), torch.float32, "backward on a side stream")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_second_device():
+    x, c, h0 = (t.to("cuda:1") for t in _inputs((3, 5000), -1, torch.float32))
+    with torch.cuda.device(0):
+        y = scan_op(x, c, h0, -1, False)
+    assert y.device == x.device
+    assert_close_scaled(y, blocked_scan_ref(x, c, h0, -1, False), torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------- peak memory
+
+
+@pytest.mark.parametrize("coeffs_shape", [None, (512,)], ids=["full", "D"])
+def test_peak_memory_forward_backward(coeffs_shape):
+    """(8, 4096, 512) fp32, dim=1: forward allocates y only; forward + backward at most y, grad_x and one
+    full-size grad_coeffs (reduced afterwards for broadcast coeffs), plus the look-back status
+    (16 bytes per channel and 128-step span: 3.1% of a float32 tensor) and < 1% slack."""
+    x, c, _ = _inputs((8, 4096, 512), 1, torch.float32, coeffs_shape=coeffs_shape, initial=False, seed=5)
+    x.requires_grad_()
+    c.requires_grad_()
+    grad_y = torch.randn_like(x)
+    T = x.numel() * x.element_size()
+    slack = (16 / (128 * 4) + 0.01) * T
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y = torch_linrec.scan(x, c, dim=1, backend="native")
+    torch.cuda.synchronize()
+    fwd_peak = torch.cuda.max_memory_allocated() - base
+    assert fwd_peak <= T + slack, f"forward peak {fwd_peak / T:.3f} x tensor size, expected <= 1.041"
+    y.backward(grad_y)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak <= 3 * T + slack, f"forward + backward peak {peak / T:.3f} x tensor size, expected <= 3.041"
+    assert x.grad.shape == x.shape and c.grad.shape == c.shape

@@ -1,0 +1,129 @@
+"""Tests of the main job, ``python -m torch_linrec``, in ``--quick`` mode on the CPU."""
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_linrec.bench import SUITE, Impl, Row, implementations, main, run_benchmark, run_checks
+from torch_linrec.bench.cases import make_inputs
+from torch_linrec.bench.check import CHECK_CONFIGS, TOLERANCE
+from torch_linrec.bench.reference import chunked_scan, chunked_scan_backward, rel_err
+from torch_linrec.bench.timing import make_timer
+from torch_linrec.reference import scan_backward_ref, scan_ref
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+
+
+def _impl(name: str) -> Impl:
+    return next(i for i in implementations(CPU) if i.name == name)
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_quick_job_writes_csv_and_plot_and_native_passes(tmp_path):
+    """The job as users run it: exit status 0, native PASS, one CSV row per implementation x case."""
+    proc = subprocess.run([sys.executable, "-m", "torch_linrec", "--quick", "--device", "cpu", "--out", str(tmp_path),
+                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert any(line.split()[:2] == ["native", "PASS"] for line in proc.stdout.splitlines()), proc.stdout
+    csvs, pngs = list(tmp_path.glob("*.csv")), list(tmp_path.glob("*.png"))
+    assert len(csvs) == 1 and csvs[0].name.endswith("-quick.csv") and len(pngs) == 1
+    assert pngs[0].stat().st_size > 10_000
+    header, rows = _read_csv(csvs[0])
+    assert header == Row.columns()
+    impls = [i.name for i in implementations(CPU)]
+    assert {(r["impl"], r["case"]) for r in rows} == {(i, c.name) for i in impls for c in SUITE}
+    assert len(rows) == len(impls) * len(SUITE)
+    for r in rows:
+        case = next(c for c in SUITE if c.name == r["case"])
+        assert r["size"] == "quick" and r["shape"] == "x".join(map(str, case.quick))
+        if r["impl"] != "native":
+            continue
+        assert r["status"] == "ok", r
+        for col in ("ms_fwd", "ms_fwdbwd", "gbps_fwd", "gbps_fwdbwd", "ms_add", "ratio_fwd", "ratio_fwdbwd"):
+            assert float(r[col]) > 0, (col, r)
+        assert float(r["max_err"]) <= TOLERANCE[getattr(torch, r["dtype"])]
+        assert math.isnan(float(r["peak_mem_mb"]))
+    ref_rows = {r["case"]: r for r in rows if r["impl"] == "reference"}
+    assert ref_rows["very-few-long"]["status"] == "skipped"
+    assert ref_rows["many-short"]["status"] == "ok"
+
+
+def test_check_stage_passes_for_native():
+    """Every check configuration is within tolerance for the native CPU kernel."""
+    (res,) = run_checks([_impl("native")], CPU, log=lambda _: None)
+    assert res.status == "PASS", res.problems
+    assert res.configs == len(CHECK_CONFIGS)
+    assert res.max_err["float32"] < 1e-5
+
+
+def _raises(x, coeffs, initial=None, dim=-1, reverse=False):
+    raise RuntimeError("no kernel for this device")
+
+
+def _off_by_one_percent(x, coeffs, initial=None, dim=-1, reverse=False):
+    return 1.01 * torch.ops.linrec.scan(x, coeffs, initial, dim, reverse)
+
+
+def test_failing_implementations_are_reported_not_raised():
+    """A raising implementation gives ERROR / error rows, a wrong one FAIL / inaccurate rows."""
+    impls = [_impl("native"), Impl("raises", _raises), Impl("wrong", _off_by_one_percent)]
+    checks = {r.impl: r for r in run_checks(impls, CPU, CHECK_CONFIGS[:3], log=lambda _: None)}
+    assert [checks[n].status for n in ("native", "raises", "wrong")] == ["PASS", "ERROR", "FAIL"]
+    assert "no kernel for this device" in checks["raises"].problems[0]
+    cases = [c for c in SUITE if c.name in ("small-call", "bf16-many-short")]
+    rows = run_benchmark(impls, cases, CPU, "quick", make_timer(CPU, quick=True), progress=False)
+    status = {(r.impl, r.case): r for r in rows}
+    for case in cases:
+        assert status[("native", case.name)].status == "ok"
+        bad = status[("raises", case.name)]
+        assert bad.status == "error" and "no kernel for this device" in bad.error and math.isnan(bad.ms_fwd)
+        assert status[("wrong", case.name)].status == ("ok" if case.dtype == torch.bfloat16 else "inaccurate")
+
+
+def test_subset_and_options(tmp_path, capsys):
+    """--cases / --impls pick rows; --no-check skips the checks; --no-plot writes no PNG."""
+    assert main(["--quick", "--device", "cpu", "--cases", "small-call,mamba-BLD", "--impls", "native",
+                 "--no-check", "--no-plot", "--no-progress", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" not in out and "small-call (quick)" in out
+    assert not list(tmp_path.glob("*.png"))
+    _, rows = _read_csv(next(tmp_path.glob("*.csv")))
+    assert [(r["impl"], r["case"]) for r in rows] == [("native", "mamba-BLD"), ("native", "small-call")]
+
+
+@pytest.mark.parametrize("argv", [["--cases", "no-such-case"], ["--impls", "no-such-impl"]])
+def test_unknown_names_are_rejected(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--quick", "--device", "cpu", *argv])
+    assert exc.value.code == 2
+    assert "no-such" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shape,dim,reverse,coeffs,initial,chunk", [
+    ((3, 37), -1, False, None, None, 8),
+    ((2, 100), -1, True, None, (2,), None),
+    ((2, 33, 5), 1, True, (5,), (2, 5), 4),
+    ((4, 1), -1, False, (4, 1), (4,), None),
+    ((2, 17, 3), 1, False, (2, 1, 3), None, 16),
+])
+def test_chunked_reference_matches_scan_ref(shape, dim, reverse, coeffs, initial, chunk):
+    """The fast float64 reference of the benchmark agrees with the step-by-step loop."""
+    x, c, gy = make_inputs(shape, torch.float64, CPU, seed=1, coeff_shape=coeffs)
+    h0 = torch.randn(initial, dtype=torch.float64) if initial else None
+    y = scan_ref(x, c, h0, dim, reverse)
+    assert rel_err(chunked_scan(x, c, h0, dim, reverse, chunk=chunk), y) < 1e-13
+    grads = zip(chunked_scan_backward(gy, c, y, h0, dim, reverse), scan_backward_ref(gy, c, y, h0, dim, reverse))
+    for got, want in grads:
+        assert got.shape == want.shape and rel_err(got, want) < 1e-13

@@ -1,0 +1,184 @@
+"""Tests of the Triton backend (``linrec::scan_triton`` / ``linrec::scan_backward_triton``).
+
+On CUDA the kernels are compiled; without CUDA they run in the Triton interpreter
+(``TRITON_INTERPRET=1``, set here before any kernel is launched; the ops re-decorate their kernels
+if torch_linrec was imported earlier without it). Sizes are small so the interpreter stays fast.
+Results are checked against the float64 reference :func:`torch_linrec.scan_ref` and its autograd.
+"""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None
+    or not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
+    reason="needs triton, and CUDA or TRITON_INTERPRET=1")
+
+import torch_linrec  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=3e-2, atol=5e-2),
+       torch.float16: dict(rtol=1e-2, atol=1e-2)}
+
+
+def _make(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+
+
+def _coeffs(shape, dtype=torch.float32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (0.5 + 0.5 * torch.rand(shape, generator=g, dtype=torch.float64)).to(DEVICE, dtype)
+
+
+def _ref_with_grads(x, c, h0, dim, reverse, grad_y):
+    """float64 reference output and gradients of (x, c, h0)."""
+    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (x, c, h0)]
+    y = torch_linrec.scan_ref(leaves[0], leaves[1], leaves[2], dim, reverse)
+    y.backward(grad_y.double())
+    return y.detach(), [t.grad if t is not None else None for t in leaves]
+
+
+def _check(x, c, h0=None, dim=-1, reverse=False, grad=True):
+    """Runs the Triton op (and its backward) on the given tensors and compares with the reference."""
+    tol = TOL[x.dtype]
+    # detach() keeps the exact strides of the views under test (transposed, sliced, expanded)
+    args = [t.detach().requires_grad_(grad) if t is not None else None for t in (x, c, h0)]
+    y = torch.ops.linrec.scan_triton(args[0], args[1], args[2], dim, reverse)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.stride() == torch.empty_like(x).stride()
+    assert not torch.isnan(y).any()
+    grad_y = _make(x.shape, x.dtype, seed=7)
+    y_ref, grads_ref = _ref_with_grads(x, c, h0, dim, reverse, grad_y)
+    torch.testing.assert_close(y.double(), y_ref, **tol)
+    if not grad:
+        return
+    y.backward(grad_y)
+    for t, ref in zip(args, grads_ref):
+        if t is None:
+            continue
+        assert t.grad.shape == t.shape
+        assert not torch.isnan(t.grad).any()
+        torch.testing.assert_close(t.grad.double(), ref, **tol)
+
+
+@pytest.fixture(autouse=True)
+def nan_filled_empty():
+    """Deterministic mode: ``torch.empty*`` fill with NaN, so an element a kernel skips shows up."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(previous)
+
+
+@pytest.fixture(params=["one_tile", "many_tiles"])
+def tiles(request, monkeypatch):
+    """Default launch heuristic, or tiny tiles so that every sequence spans several tiles."""
+    ops = torch_linrec.triton.ops
+    if request.param == "many_tiles":
+        for name, value in {"TILE": 512, "MAX_BLOCK_L": 16, "NUM_SMS": 1, "MIN_PROGRAMS": 4}.items():
+            monkeypatch.setattr(ops, name, value)
+        assert ops._seq_meta(3, 37)["BLOCK_L"] == 16 and ops._chan_meta(2, 40, 19)["BLOCK_T"] == 16
+    return request.param
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("L", [1, 7, 37])
+@pytest.mark.parametrize("with_init", [False, True])
+def test_sequence_layout(tiles, L, reverse, with_init):
+    """(N, L) with dim=-1: the sequence kernel."""
+    x, c = _make((3, L)), _coeffs((3, L))
+    _check(x, c, _make((3,), seed=3) if with_init else None, -1, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("L", [1, 19])
+@pytest.mark.parametrize("with_init", [False, True])
+def test_channel_layout(tiles, L, reverse, with_init):
+    """(B, L, D) with dim=1: the channel kernel, D spanning two channel blocks."""
+    x, c = _make((2, L, 40)), _coeffs((2, L, 40))
+    _check(x, c, _make((2, 40), seed=3) if with_init else None, 1, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_views(tiles, reverse):
+    """Transposed, sliced and 4-D inputs, and a layout that needs the contiguous fallback."""
+    base = _make((2, 24, 19))
+    _check(base.transpose(1, 2), _coeffs((2, 19, 24)), None, 1, reverse)  # scan dim contiguous
+    _check(base[:, ::2, 1:9], _coeffs((2, 12, 8)), _make((2, 8)), 1, reverse)  # sliced
+    _check(_make((2, 3, 11, 5)), _coeffs((2, 3, 11, 5)), _make((2, 3, 5)), 2, reverse)  # (B, H, L, D)
+    _check(_make((2, 3, 10, 4))[:, :, ::2], _coeffs((2, 3, 5, 4)), None, 1, reverse)  # 3 batch axes
+    _check(_make((4, 6, 3)), _coeffs((4, 6, 3)), _make((4, 6)), -1, reverse)  # dim=-1 of 3-D
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_broadcast(reverse):
+    """coeffs of shape (D,), (B, 1, D), (1,) and expanded; initial broadcast; stride-0 grad_y."""
+    x = _make((2, 13, 6))
+    _check(x, _coeffs((6,)), _make((6,), seed=3), 1, reverse)
+    _check(x, _coeffs((2, 1, 6)), None, 1, reverse)
+    _check(x, _coeffs((1,)), _make((2, 6), seed=3), -2, reverse)
+    _check(x, _coeffs((2, 13, 1)).expand(2, 13, 6), None, 1, reverse)
+    _check(x, _coeffs((13, 1)), _make((2, 1), seed=3), 1, reverse)
+    y = torch.ops.linrec.scan_triton(x, _coeffs((6,)), None, 1, reverse)
+    gx, gc, gh = torch.ops.linrec.scan_backward_triton(torch.ones(()).to(x).expand(x.shape), _coeffs((6,)), y,
+                                                        None, 1, reverse)
+    ref = torch_linrec.scan_backward_ref(torch.ones_like(x).double(), _coeffs((6,)).double(), y.double(), None, 1,
+                                         reverse)
+    for got, want in zip((gx, gc, gh), ref):
+        torch.testing.assert_close(got.double(), want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision(dtype):
+    """bfloat16 / float16 in and out, float32 accumulation."""
+    _check(_make((3, 29), dtype), _coeffs((3, 29), dtype), _make((3,), dtype), -1, False)
+    _check(_make((2, 29, 33), dtype), _coeffs((33,), dtype), None, 1, True)
+
+
+def test_empty():
+    """L = 0 and an empty batch: no launch; grad_initial is zeros when L = 0."""
+    x, c = _make((3, 0, 4)), _coeffs((3, 0, 4))
+    assert torch.ops.linrec.scan_triton(x, c, None, 1).shape == (3, 0, 4)
+    gx, gc, gh = torch.ops.linrec.scan_backward_triton(x, c, x, _make((3, 4)), 1, False)
+    assert gx.shape == gc.shape == (3, 0, 4) and torch.equal(gh, torch.zeros(3, 4, device=DEVICE))
+    assert torch.ops.linrec.scan_triton(_make((0, 5)), _coeffs((0, 5))).shape == (0, 5)
+
+
+def test_backend_dispatch():
+    """torch_linrec.scan(backend="triton") runs the Triton op."""
+    x, c = _make((2, 9)), _coeffs((2, 9))
+    torch.testing.assert_close(torch_linrec.scan(x, c, backend="triton"), torch_linrec.scan_ref(x, c))
+
+
+def test_errors():
+    """float64 is not a Triton dtype; mismatched dtypes and shapes are rejected with ValueError."""
+    x, c = _make((2, 5)), _coeffs((2, 5))
+    with pytest.raises(ValueError, match="float64"):
+        torch.ops.linrec.scan_triton(x.double(), c.double())
+    with pytest.raises(ValueError, match="coeffs"):
+        torch.ops.linrec.scan_triton(x, c.half())
+    with pytest.raises(ValueError, match="initial"):
+        torch.ops.linrec.scan_triton(x, c, _make((3,)))
+    with pytest.raises(ValueError, match="grad_y"):
+        torch.ops.linrec.scan_backward_triton(_make((2, 4)), c, x, None, -1, False)
+
+
+@pytest.mark.parametrize("case", ["seq", "chan", "broadcast"])
+def test_opcheck(case):
+    """torch.library.opcheck on both ops (schema, fake, autograd registration, AOT dispatch)."""
+    if case == "seq":
+        x, c, h0, dim, rev = _make((3, 7)), _coeffs((3, 7)), _make((3,)), -1, False
+    elif case == "chan":
+        x, c, h0, dim, rev = _make((2, 5, 6)), _coeffs((2, 5, 6)), None, 1, True
+    else:
+        x, c, h0, dim, rev = _make((2, 5, 3)), _coeffs((3,)), _make((3,)), 1, False
+    args = [t.requires_grad_() if t is not None else None for t in (x, c, h0)]
+    torch.library.opcheck(torch.ops.linrec.scan_triton, (*args, dim, rev))
+    y = torch.ops.linrec.scan_triton(x, c, h0, dim, rev).detach()
+    torch.library.opcheck(torch.ops.linrec.scan_backward_triton,
+                          (_make(x.shape, seed=5), c.detach(), y, None if h0 is None else h0.detach(), dim, rev))
