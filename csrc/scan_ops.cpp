@@ -7,9 +7,22 @@
 #include <algorithm>
 #include <array>
 #include <numeric>
+#include <string>
 
 namespace linrec {
 namespace {
+
+// Error-message pieces formatted without std::ostream's numeric facets: on the H100 image
+// (torch 2.11 wheel, extension built by gcc 13) streaming an integer into TORCH_CHECK's
+// message crashed the process, while strings streamed fine.
+std::string num(int64_t v) { return std::to_string(v); }
+std::string shape(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+std::string dev(const at::Device& d) { return d.str(); }
+const char* dt(at::ScalarType t) { return c10::toString(t); }
 
 bool is_supported_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
@@ -20,28 +33,28 @@ int64_t check_inputs(const char* op, const Tensor& x, const Tensor& coeffs,
                      const std::optional<Tensor>& initial, int64_t dim) {
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least one dimension, got a 0-d tensor");
   TORCH_CHECK(is_supported_dtype(x.scalar_type()), op,
-              ": x must be float32, float16, bfloat16 or float64, got ", x.scalar_type());
+              ": x must be float32, float16, bfloat16 or float64, got ", dt(x.scalar_type()));
   TORCH_CHECK(coeffs.scalar_type() == x.scalar_type(), op, ": coeffs must have the dtype of x (",
-              x.scalar_type(), "), got ", coeffs.scalar_type());
-  TORCH_CHECK(coeffs.device() == x.device(), op, ": coeffs must be on the device of x (", x.device(),
-              "), got ", coeffs.device());
+              dt(x.scalar_type()), "), got ", dt(coeffs.scalar_type()));
+  TORCH_CHECK(coeffs.device() == x.device(), op, ": coeffs must be on the device of x (", dev(x.device()),
+              "), got ", dev(coeffs.device()));
   TORCH_CHECK(x.scalar_type() != at::kDouble || x.device().is_cpu(), op,
-              ": float64 is supported on the CPU only, got x on ", x.device());
-  TORCH_CHECK(-x.dim() <= dim && dim < x.dim(), op, ": dim must be in [", -x.dim(), ", ", x.dim() - 1,
-              "] for x of shape ", x.sizes(), ", got ", dim);
+              ": float64 is supported on the CPU only, got x on ", dev(x.device()));
+  TORCH_CHECK(-x.dim() <= dim && dim < x.dim(), op, ": dim must be in [", num(-x.dim()), ", ", num(x.dim() - 1),
+              "] for x of shape ", shape(x.sizes()), ", got ", num(dim));
   const int64_t d = at::maybe_wrap_dim(dim, x.dim());
-  TORCH_CHECK(at::is_expandable_to(coeffs.sizes(), x.sizes()), op, ": coeffs of shape ", coeffs.sizes(),
-              " must be broadcastable to x of shape ", x.sizes());
+  TORCH_CHECK(at::is_expandable_to(coeffs.sizes(), x.sizes()), op, ": coeffs of shape ", shape(coeffs.sizes()),
+              " must be broadcastable to x of shape ", shape(x.sizes()));
   if (initial.has_value()) {
     const Tensor& h0 = *initial;
     auto expect = x.sizes().vec();
     expect.erase(expect.begin() + d);
     TORCH_CHECK(h0.scalar_type() == x.scalar_type(), op, ": initial must have the dtype of x (",
-                x.scalar_type(), "), got ", h0.scalar_type());
-    TORCH_CHECK(h0.device() == x.device(), op, ": initial must be on the device of x (", x.device(),
-                "), got ", h0.device());
+                dt(x.scalar_type()), "), got ", dt(h0.scalar_type()));
+    TORCH_CHECK(h0.device() == x.device(), op, ": initial must be on the device of x (", dev(x.device()),
+                "), got ", dev(h0.device()));
     TORCH_CHECK(at::is_expandable_to(h0.sizes(), expect), op, ": initial must have shape ",
-                at::IntArrayRef(expect), " (x without dim ", d, ") or broadcast to it, got ", h0.sizes());
+                shape(expect), " (x without dim ", num(d), ") or broadcast to it, got ", shape(h0.sizes()));
   }
   return d;
 }
@@ -98,7 +111,7 @@ ScanParams make_params(const SlotTensors& slots, int64_t dim, bool reverse, bool
     strides.push_back(s);
   }
   TORCH_CHECK(static_cast<int>(sizes.size()) <= kMaxBatchDims, "linrec.scan: the layout of x needs ",
-              sizes.size(), " batch dims after coalescing, at most ", kMaxBatchDims,
+              num(static_cast<int64_t>(sizes.size())), " batch dims after coalescing, at most ", num(kMaxBatchDims),
               " are supported; call .contiguous() on the inputs");
   p.nbatch = static_cast<int>(sizes.size());
   p.num_seq = 1;
@@ -152,10 +165,10 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(
     int64_t dim, bool reverse, ScanLauncher launch) {
   const int64_t d = check_inputs("linrec.scan_backward", y, coeffs, initial, dim);
   TORCH_CHECK(grad_y.sizes() == y.sizes(), "linrec.scan_backward: grad_y must have the shape of y (",
-              y.sizes(), "), got ", grad_y.sizes());
+              shape(y.sizes()), "), got ", shape(grad_y.sizes()));
   TORCH_CHECK(grad_y.scalar_type() == y.scalar_type() && grad_y.device() == y.device(),
-              "linrec.scan_backward: grad_y must have the dtype and device of y (", y.scalar_type(), ", ",
-              y.device(), "), got ", grad_y.scalar_type(), ", ", grad_y.device());
+              "linrec.scan_backward: grad_y must have the dtype and device of y (", dt(y.scalar_type()), ", ",
+              dev(y.device()), "), got ", dt(grad_y.scalar_type()), ", ", dev(grad_y.device()));
   Tensor grad_x = at::empty_like(y);
   Tensor grad_c = at::empty_like(y);
   Tensor grad_h0 = at::empty(batch_shape(y, d), y.options());

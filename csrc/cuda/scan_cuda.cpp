@@ -25,7 +25,8 @@ cudaError_t launch_dtype(at::ScalarType dtype, const ScanParams& p, const ScanPl
     case at::kBFloat16:
       return launch_scan<ScanDType::kBFloat16, kBackward>(p, plan, ws, stream);
     default:
-      TORCH_CHECK(false, "linrec.scan: the CUDA kernels take float32, float16 or bfloat16, got ", dtype);
+      TORCH_CHECK(false, "linrec.scan: the CUDA kernels take float32, float16 or bfloat16, got ",
+                  c10::toString(dtype));
   }
 }
 
@@ -33,8 +34,9 @@ void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& de
   const c10::cuda::CUDAGuard guard(device);
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const ScanPlan plan = plan_scan(p, static_cast<int>(c10::elementSize(dtype)), num_sms);
-  TORCH_CHECK(plan.grid <= std::numeric_limits<int32_t>::max(), "linrec.scan: ", p.num_seq,
-              " sequences of length ", p.len, " need ", plan.grid, " blocks, more than a CUDA grid holds");
+  TORCH_CHECK(plan.grid <= std::numeric_limits<int32_t>::max(), "linrec.scan: ", std::to_string(p.num_seq),
+              " sequences of length ", std::to_string(p.len), " need ", std::to_string(plan.grid),
+              " blocks, more than a CUDA grid holds");
   at::Tensor workspace;
   if (plan.workspace_bytes > 0)
     workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)},

@@ -1,0 +1,120 @@
+"""The main job, ``python -m torch_linrec``: correctness checks, then the benchmark suite.
+
+Stages: (1) every implementation against float64 ``scan_ref`` on small shapes, PASS/FAIL per
+implementation; (2) every implementation on every case of the suite; (3) a table on stdout, a CSV
+file and a PNG chart in the output folder. The exit status is 1 when some implementation did not
+PASS the checks, else 0; benchmark errors are reported in the rows and do not change it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from .cases import SUITE, format_shape, select_cases
+from .check import run_checks
+from .impls import implementations, select_impls
+from .report import format_notes, format_table, plot_ratios, write_csv
+from .runner import run_benchmark
+from .timing import device_name, device_slug, make_timer
+
+__all__ = ["main", "build_parser", "default_out_dir"]
+
+
+def default_out_dir() -> Path:
+    """``bench/results`` of the source checkout holding this package, else of the working directory."""
+    repo = Path(__file__).resolve().parents[2]
+    return (repo if (repo / "bench").is_dir() else Path.cwd()) / "bench" / "results"
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [n for v in values for n in v.split(",") if n]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface of the main job."""
+    p = argparse.ArgumentParser(
+        prog="python -m torch_linrec",
+        description="Check every torch_linrec implementation against a float64 reference, then benchmark "
+                    "the case suite against torch.add and write a table, a CSV file and a PNG chart.")
+    p.add_argument("--cases", nargs="+", metavar="NAME",
+                   help=f"cases to run (space or comma separated); default all: {', '.join(c.name for c in SUITE)}")
+    p.add_argument("--impls", nargs="+", metavar="NAME",
+                   help="implementations to run (space or comma separated); default all available on the device")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help=f"folder of the CSV and PNG files (default: {default_out_dir()})")
+    p.add_argument("--quick", action="store_true", help="tiny shapes and short timings (smoke test)")
+    p.add_argument("--no-check", action="store_true", help="skip the correctness stage")
+    p.add_argument("--no-plot", action="store_true", help="do not write the PNG chart")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--device", help="device to run on (default: cuda when available, else cpu)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    return p
+
+
+def _device(parser: argparse.ArgumentParser, name: str | None) -> torch.device:
+    try:
+        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as exc:
+        parser.error(str(exc))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be a cpu or cuda device, got {device}")
+    return device
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the main job with command-line arguments ``argv`` (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 1 when an implementation failed or raised in the checks, else 0.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    device = _device(parser, args.device)
+    try:
+        cases = select_cases(_names(args.cases))
+        impls = select_impls(implementations(device), _names(args.impls))
+    except ValueError as exc:
+        parser.error(str(exc))
+    size = "quick" if args.quick else "full" if device.type == "cuda" else "scaled"
+    dev_name = device_name(device)
+    print(f"torch_linrec {__version__}, torch {torch.__version__}, device: {dev_name}")
+    print(f"implementations: {', '.join(i.name for i in impls)}")
+    if size == "scaled":
+        print("no CUDA device: case sizes scaled down for the CPU (leading/batch dims divided)")
+    for case in cases:
+        scaled = "" if size == "full" else f"  (full size {format_shape(case.full)})"
+        print(f"  case {case.name:<16} {case.layout:<3} {str(case.dtype).removeprefix('torch.'):<8} "
+              f"{format_shape(case.shape(size))}{scaled}")
+    sys.stdout.flush()
+
+    status = 0
+    if not args.no_check:
+        results = run_checks(impls, device)
+        status = int(any(r.status != "PASS" for r in results))
+        sys.stdout.flush()
+
+    timer = make_timer(device, quick=args.quick)
+    rows = run_benchmark(impls, cases, device, size, timer, dev_name=dev_name, seed=args.seed,
+                         progress=not args.no_progress)
+    print(f"\nbenchmark on {dev_name}: ratio = speed relative to torch.add moving the same bytes "
+          f"(fwd 3 tensors, fwd+bwd 8)")
+    print(format_table(rows))
+    notes = format_notes(rows)
+    if notes:
+        print("notes:\n" + notes)
+
+    out = args.out or default_out_dir()
+    stem = device_slug(device) + ("-quick" if args.quick else "")
+    print(f"wrote {write_csv(rows, out / f'{stem}.csv')}")
+    if not args.no_plot:
+        title = f"torch_linrec vs torch.add on {dev_name}" + ("" if size == "full" else f" ({size} sizes)")
+        print(f"wrote {plot_ratios(rows, out / f'{stem}.png', title)}")
+    return status

@@ -1,0 +1,117 @@
+"""Timers, peak-memory measurement and device naming.
+
+On CUDA, :func:`make_timer` uses ``triton.testing.do_bench`` (median, L2 flushed between calls)
+when Triton is importable, else CUDA events around each call (median). On the CPU it takes
+``time.perf_counter`` medians of repeats after a warmup call.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import platform
+import re
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+__all__ = ["make_timer", "measure_peak", "free_memory", "device_name", "device_slug"]
+
+Timer = Callable[[Callable[[], object]], float]
+
+
+def _cuda_events_ms(fn: Callable[[], object], warmup: int, reps: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _cpu_ms(fn: Callable[[], object], budget_s: float, min_reps: int, max_reps: int) -> float:
+    fn()
+    times: list[float] = []
+    t_end = time.perf_counter() + budget_s
+    while len(times) < min_reps or (len(times) < max_reps and time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def make_timer(device: torch.device, quick: bool = False) -> Timer:
+    """A function ``timer(fn) -> milliseconds``: the median time of one call of ``fn`` on ``device``.
+
+    ``quick`` shortens warmup and repeats (for smoke tests; the numbers are noisier).
+    """
+    if device.type == "cuda":
+        warmup, rep = (5, 20) if quick else (25, 100)
+        if importlib.util.find_spec("triton") is not None:
+            from triton.testing import do_bench
+
+            def timer(fn):
+                with torch.cuda.device(device):
+                    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+            return timer
+
+        def timer(fn):
+            with torch.cuda.device(device):
+                return _cuda_events_ms(fn, warmup=max(3, warmup // 5), reps=max(10, rep // 2))
+        return timer
+    budget, min_reps = (0.02, 2) if quick else (0.25, 3)
+    return lambda fn: _cpu_ms(fn, budget, min_reps, max_reps=50)
+
+
+def measure_peak(fn: Callable[[], object], device: torch.device):
+    """Runs ``fn()`` once; returns ``(its result, peak bytes)``.
+
+    The peak is ``torch.cuda.max_memory_allocated`` during the call minus the memory allocated
+    before it (the inputs), so it counts the outputs and every temporary. None off CUDA.
+    """
+    if device.type != "cuda":
+        return fn(), None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    return out, torch.cuda.max_memory_allocated(device) - base
+
+
+def free_memory(device: torch.device) -> None:
+    """Collects garbage and, on CUDA, returns cached blocks to the driver."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    """A readable device name: the GPU's name, or the CPU model with its thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {_cpu_model()} ({torch.get_num_threads()} threads)"
+
+
+def device_slug(device: torch.device) -> str:
+    """A file-name-safe device name, e.g. ``nvidia-h100-80gb-hbm3`` or ``cpu-intel-r-xeon-r-...``."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {_cpu_model()}"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:60] or device.type

@@ -1,0 +1,256 @@
+"""Triton kernels of the linear recurrence ``y[l] = c[l] * y[l-1] + x[l]`` and its backward.
+
+Every tensor is addressed as a strided 3-D view ``(outer, L, inner)`` (batch-shaped tensors as
+``(outer, inner)``), with one element stride per axis passed as an integer (any value: 0 for
+broadcast operands; indices are widened to int64 before they are multiplied, so offsets never
+overflow). ``N = outer * inner`` independent sequences.
+
+Two layouts:
+
+* ``*_seq_kernel`` ("sequence"): L is the contiguous axis, e.g. ``(N, L)`` with ``dim=-1``. A
+  program owns ``BLOCK_N`` sequences and walks L in ``[BLOCK_N, BLOCK_L]`` tiles; each tile is
+  scanned with ``tl.associative_scan`` along axis 1 and the state carried to the next tile.
+* ``*_chan_kernel`` ("channel"): the inner batch axis is contiguous, e.g. ``(B, L, D)`` with
+  ``dim=1``. A program owns ``BLOCK_D`` consecutive channels of one outer index and walks L
+  sequentially in ``[BLOCK_T, BLOCK_D]`` tiles (rows coalesced across channels), scanned along
+  axis 0 with the state vector carried from tile to tile.
+
+A scan over pairs ``(a, b)`` with ``(a1, b1) . (a2, b2) = (a1 a2, b1 a2 + b2)`` turns a tile into
+``y = A * h + B`` for the state ``h`` entering it; masked lanes load the identity ``(1, 0)``, so
+the last lane the walk visits holds the state leaving the tile. Tiles are aligned to multiples of
+the block along L, and ``WALK_BACK`` (a reverse scan, or the backward of a forward one) visits
+them from the last to the first, by index arithmetic (no flipped copies). Within a tile, the
+sequence kernels keep addresses ascending (vector loads along L) and scan with ``reverse=True``;
+the channel kernels, whose rows are contiguous anyway, put the rows in walk order and scan
+forward (on an H100 a reverse scan along axis 0 was up to 1.7x slower; reversed addresses
+along L were up to 8x slower for short rows). Arithmetic is float32; stores cast to the element
+type of the output pointer.
+
+Backward (``*_bwd_*``) walks against the forward scan. With ``u`` the walk step and ``l(u)`` its
+position::
+
+    g_u = c[l(u-1)] * g_{u-1} + dy[l(u)]   (g_{-1} = 0)
+    dx[l(u)] = g_u,  dc[l(u)] = g_u * y[l(u+1)]   (y past the end of the walk = initial, or 0)
+    d_initial = c[l(L-1)] * g_{L-1}
+
+which is ``linrec::scan_backward`` (torch_linrec/reference.py: scan_backward_ref).
+
+The kernels use only ``triton.language`` builtins and this module's own jit functions (no
+``tl.sum``/``tl.zeros``/``tl.cdiv``, which triton.language defines as jit functions): that way
+torch_linrec.triton.ops can re-decorate them for ``TRITON_INTERPRET=1`` after triton was imported
+without it (triton reads the flag when it decorates).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _combine(a1, b1, a2, b2):
+    """Composition of the affine maps ``h -> a1 h + b1`` then ``h -> a2 h + b2``."""
+    return a1 * a2, b1 * a2 + b2
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _tile(i_t, n_t, BLOCK: tl.constexpr, WALK_BACK: tl.constexpr):
+    """int64 positions along L, ascending, of the tile the walk visits at step ``i_t`` of ``n_t``."""
+    if WALK_BACK:
+        i_t = n_t - 1 - i_t
+    return tl.cast(i_t, tl.int64) * BLOCK + tl.arange(0, BLOCK)
+
+
+@triton.jit
+def _walk(i_t, n_t, BLOCK: tl.constexpr, WALK_BACK: tl.constexpr):
+    """int64 positions along L of the tile the walk visits at step ``i_t`` of ``n_t``, in walk order."""
+    o_l = tl.cast(i_t, tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if WALK_BACK:
+        o_l = n_t * BLOCK - 1 - o_l
+    return o_l
+
+
+@triton.jit
+def _last(b, AXIS: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr):
+    """The slice of tile ``b`` at index 0 (``FIRST``) or ``BLOCK - 1`` along ``AXIS``."""
+    if FIRST:
+        o_sel = tl.arange(0, BLOCK) == 0
+    else:
+        o_sel = tl.arange(0, BLOCK) == BLOCK - 1
+    if AXIS == 0:
+        o_sel = o_sel[:, None]
+    else:
+        o_sel = o_sel[None, :]
+    return tl.reduce(tl.where(o_sel, b, 0.), AXIS, _add)
+
+
+@triton.jit
+def linrec_fwd_seq_kernel(
+    x, c, h0, y,
+    N, L, NI,
+    sx_o, sx_l, sx_i, sc_o, sc_l, sc_i, sh_o, sh_i, sy_o, sy_l, sy_i,
+    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    """Forward scan, sequence layout; ``WALK_BACK`` is ``reverse``. Grid: ``(cdiv(N, BLOCK_N),)``."""
+    i_n = tl.program_id(0)
+    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    i_o = o_n // NI
+    i_i = o_n % NI
+    p_x = x + (i_o * sx_o + i_i * sx_i)[:, None]
+    p_c = c + (i_o * sc_o + i_i * sc_i)[:, None]
+    p_y = y + (i_o * sy_o + i_i * sy_i)[:, None]
+    if HAS_INIT:
+        b_h = tl.load(h0 + i_o * sh_o + i_i * sh_i, mask=m_n, other=0.).to(tl.float32)
+    else:
+        b_h = tl.full([BLOCK_N], 0., tl.float32)
+    n_t = (L + BLOCK_L - 1) // BLOCK_L
+    for i_t in range(0, n_t):
+        o_l = _tile(i_t, n_t, BLOCK_L, WALK_BACK)[None, :]
+        m = m_n[:, None] & (o_l < L)
+        b_c = tl.load(p_c + o_l * sc_l, mask=m, other=1.).to(tl.float32)
+        b_x = tl.load(p_x + o_l * sx_l, mask=m, other=0.).to(tl.float32)
+        b_a, b_b = tl.associative_scan((b_c, b_x), axis=1, combine_fn=_combine, reverse=WALK_BACK)
+        b_y = b_a * b_h[:, None] + b_b
+        tl.store(p_y + o_l * sy_l, b_y.to(y.dtype.element_ty), mask=m)
+        b_h = _last(b_y, 1, BLOCK_L, WALK_BACK)
+
+
+@triton.jit
+def linrec_fwd_chan_kernel(
+    x, c, h0, y,
+    NO, L, NI,
+    sx_o, sx_l, sx_i, sc_o, sc_l, sc_i, sh_o, sh_i, sy_o, sy_l, sy_i,
+    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Forward scan, channel layout; ``WALK_BACK`` is ``reverse``. Grid: ``(NO * cdiv(NI, BLOCK_D),)``."""
+    i_p = tl.program_id(0)
+    n_db = (NI + BLOCK_D - 1) // BLOCK_D
+    i_o = (i_p // n_db).to(tl.int64)
+    o_d = (i_p % n_db).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_d = o_d < NI
+    p_x = x + (i_o * sx_o + o_d * sx_i)[None, :]
+    p_c = c + (i_o * sc_o + o_d * sc_i)[None, :]
+    p_y = y + (i_o * sy_o + o_d * sy_i)[None, :]
+    if HAS_INIT:
+        b_h = tl.load(h0 + i_o * sh_o + o_d * sh_i, mask=m_d, other=0.).to(tl.float32)
+    else:
+        b_h = tl.full([BLOCK_D], 0., tl.float32)
+    n_t = (L + BLOCK_T - 1) // BLOCK_T
+    for i_t in range(0, n_t):
+        o_l = _walk(i_t, n_t, BLOCK_T, WALK_BACK)[:, None]
+        m = (o_l < L) & m_d[None, :]
+        b_c = tl.load(p_c + o_l * sc_l, mask=m, other=1.).to(tl.float32)
+        b_x = tl.load(p_x + o_l * sx_l, mask=m, other=0.).to(tl.float32)
+        b_a, b_b = tl.associative_scan((b_c, b_x), axis=0, combine_fn=_combine)
+        b_y = b_a * b_h[None, :] + b_b
+        tl.store(p_y + o_l * sy_l, b_y.to(y.dtype.element_ty), mask=m)
+        b_h = _last(b_y, 0, BLOCK_T, False)
+
+
+@triton.jit
+def _bwd_tile(p_dy, p_c, p_y, p_dx, p_dc, b_h0, b_g, o_l, m, L, sdy_l, sc_l, sy_l, sdx_l, sdc_l,
+              AXIS: tl.constexpr, BLOCK: tl.constexpr, HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr,
+              REV_SCAN: tl.constexpr):
+    """One backward tile at positions ``o_l`` (mask ``m``): stores dx and dc, returns the new carry.
+
+    ``REV_SCAN``: the positions ascend against the walk (sequence layout), so scan in reverse.
+    """
+    if WALK_BACK:
+        o_prev, o_next = o_l + 1, o_l - 1
+    else:
+        o_prev, o_next = o_l - 1, o_l + 1
+    m_next = (o_next >= 0) & (o_next < L)
+    b_a = tl.load(p_c + o_prev * sc_l, mask=m & (o_prev >= 0) & (o_prev < L), other=1.).to(tl.float32)
+    b_b = tl.load(p_dy + o_l * sdy_l, mask=m, other=0.).to(tl.float32)
+    b_yn = tl.load(p_y + o_next * sy_l, mask=m & m_next, other=0.).to(tl.float32)
+    if HAS_INIT:
+        b_yn = tl.where(m_next, b_yn, b_h0)
+    b_a, b_b = tl.associative_scan((b_a, b_b), axis=AXIS, combine_fn=_combine, reverse=REV_SCAN)
+    if AXIS == 0:
+        b_dx = b_a * b_g[None, :] + b_b
+    else:
+        b_dx = b_a * b_g[:, None] + b_b
+    tl.store(p_dx + o_l * sdx_l, b_dx.to(p_dx.dtype.element_ty), mask=m)
+    tl.store(p_dc + o_l * sdc_l, (b_dx * b_yn).to(p_dc.dtype.element_ty), mask=m)
+    return _last(b_dx, AXIS, BLOCK, REV_SCAN)
+
+
+@triton.jit
+def linrec_bwd_seq_kernel(
+    dy, c, y, h0, dx, dc, dh0,
+    N, L, NI,
+    sdy_o, sdy_l, sdy_i, sc_o, sc_l, sc_i, sy_o, sy_l, sy_i, sh_o, sh_i,
+    sdx_o, sdx_l, sdx_i, sdc_o, sdc_l, sdc_i, sdh_o, sdh_i,
+    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    """Fused backward, sequence layout: ``dx``, full-size ``dc`` and ``dh0`` in one pass.
+
+    ``WALK_BACK`` is ``not reverse`` (the walk runs against the forward scan); grid as forward.
+    """
+    i_n = tl.program_id(0)
+    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    i_o = o_n // NI
+    i_i = o_n % NI
+    p_dy = dy + (i_o * sdy_o + i_i * sdy_i)[:, None]
+    p_c = c + (i_o * sc_o + i_i * sc_i)[:, None]
+    p_y = y + (i_o * sy_o + i_i * sy_i)[:, None]
+    p_dx = dx + (i_o * sdx_o + i_i * sdx_i)[:, None]
+    p_dc = dc + (i_o * sdc_o + i_i * sdc_i)[:, None]
+    b_h0 = tl.full([BLOCK_N, 1], 0., tl.float32)
+    if HAS_INIT:
+        b_h0 = tl.load(h0 + i_o * sh_o + i_i * sh_i, mask=m_n, other=0.).to(tl.float32)[:, None]
+    b_g = tl.full([BLOCK_N], 0., tl.float32)
+    n_t = (L + BLOCK_L - 1) // BLOCK_L
+    for i_t in range(0, n_t):
+        o_l = _tile(i_t, n_t, BLOCK_L, WALK_BACK)[None, :]
+        b_g = _bwd_tile(p_dy, p_c, p_y, p_dx, p_dc, b_h0, b_g, o_l, m_n[:, None] & (o_l < L), L,
+                        sdy_l, sc_l, sy_l, sdx_l, sdc_l, 1, BLOCK_L, HAS_INIT, WALK_BACK, WALK_BACK)
+    if WALK_BACK:
+        o_first = 0
+    else:
+        o_first = tl.cast(L - 1, tl.int64)
+    b_c0 = tl.load(c + i_o * sc_o + i_i * sc_i + o_first * sc_l, mask=m_n, other=0.).to(tl.float32)
+    tl.store(dh0 + i_o * sdh_o + i_i * sdh_i, (b_c0 * b_g).to(dh0.dtype.element_ty), mask=m_n)
+
+
+@triton.jit
+def linrec_bwd_chan_kernel(
+    dy, c, y, h0, dx, dc, dh0,
+    NO, L, NI,
+    sdy_o, sdy_l, sdy_i, sc_o, sc_l, sc_i, sy_o, sy_l, sy_i, sh_o, sh_i,
+    sdx_o, sdx_l, sdx_i, sdc_o, sdc_l, sdc_i, sdh_o, sdh_i,
+    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Fused backward, channel layout: ``dx``, full-size ``dc`` and ``dh0`` in one pass.
+
+    ``WALK_BACK`` is ``not reverse`` (the walk runs against the forward scan); grid as forward.
+    """
+    i_p = tl.program_id(0)
+    n_db = (NI + BLOCK_D - 1) // BLOCK_D
+    i_o = (i_p // n_db).to(tl.int64)
+    o_d = (i_p % n_db).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_d = o_d < NI
+    p_dy = dy + (i_o * sdy_o + o_d * sdy_i)[None, :]
+    p_c = c + (i_o * sc_o + o_d * sc_i)[None, :]
+    p_y = y + (i_o * sy_o + o_d * sy_i)[None, :]
+    p_dx = dx + (i_o * sdx_o + o_d * sdx_i)[None, :]
+    p_dc = dc + (i_o * sdc_o + o_d * sdc_i)[None, :]
+    b_h0 = tl.full([1, BLOCK_D], 0., tl.float32)
+    if HAS_INIT:
+        b_h0 = tl.load(h0 + i_o * sh_o + o_d * sh_i, mask=m_d, other=0.).to(tl.float32)[None, :]
+    b_g = tl.full([BLOCK_D], 0., tl.float32)
+    n_t = (L + BLOCK_T - 1) // BLOCK_T
+    for i_t in range(0, n_t):
+        o_l = _walk(i_t, n_t, BLOCK_T, WALK_BACK)[:, None]
+        b_g = _bwd_tile(p_dy, p_c, p_y, p_dx, p_dc, b_h0, b_g, o_l, (o_l < L) & m_d[None, :], L,
+                        sdy_l, sc_l, sy_l, sdx_l, sdc_l, 0, BLOCK_T, HAS_INIT, WALK_BACK, False)
+    if WALK_BACK:
+        o_first = 0
+    else:
+        o_first = tl.cast(L - 1, tl.int64)
+    b_c0 = tl.load(c + i_o * sc_o + o_d * sc_i + o_first * sc_l, mask=m_d, other=0.).to(tl.float32)
+    tl.store(dh0 + i_o * sdh_o + o_d * sdh_i, (b_c0 * b_g).to(dh0.dtype.element_ty), mask=m_d)

@@ -1,0 +1,313 @@
+"""``linrec::scan_triton`` and ``linrec::scan_backward_triton``: the Triton twins of the C++ ops.
+
+Both are :func:`torch.library.triton_op` s, so ``torch.compile`` sees their kernels; they share
+the fakes' allocation rules (torch_linrec/ops.py) and the autograd formula of ``linrec::scan``.
+
+Layout: every operand is read in place as a strided ``(outer, L, inner)`` view. The batch dims
+(all but ``dim``) are ordered innermost-first by the output's strides and merged where every
+operand allows it, as csrc/scan_ops.cpp does; ``(N, L)``, ``(B, L, D)``, ``(B, H, L, D)``,
+transposed, sliced and broadcast (stride-0) operands all fit in two batch axes. Layouts that need
+three or more are run on contiguous copies (the one case that copies).
+"""
+import importlib
+import math
+import os
+from typing import Optional
+
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+from .. import ops as _ops
+from .._checks import batch_shape, check_scan_args
+from . import kernels
+from .kernels import linrec_bwd_chan_kernel, linrec_bwd_seq_kernel, linrec_fwd_chan_kernel, linrec_fwd_seq_kernel
+
+__all__ = ["scan_triton", "scan_backward_triton"]
+
+# Launch heuristic (cf. flash-attention's tile_size.h), measured on an H100 (132 SMs) with CUDA graphs
+# over (N, L) and (B, L, D) shapes in float32 and bfloat16. Each loop iteration of a program moves
+# one tile per operand; TILE = 2048 elements (8 KiB of fp32) at 4 warps keeps 16 elements per
+# thread and operand, the backward's five streams spill-free, and enough loads in flight.
+#   sequence kernel: BLOCK_L = next_pow2(L) capped at 2048; short rows stack BLOCK_N = TILE // BLOCK_L
+#     sequences per program. With fewer sequences than SMs, each program is a long serial walk
+#     whose speed is the bytes it has in flight: BLOCK_L = 4096 at 8 warps (1.7x faster there).
+#   channel kernel: BLOCK_D channels, the largest of 128, 64, 32 that still gives >= 4 programs
+#     per SM (32 channels of fp32 = one 128-byte line per row); 16 when even 32 leaves SMs idle
+#     (few channels, long L). BLOCK_T = TILE // BLOCK_D time steps, capped at next_pow2(L).
+#   num_warps: one warp per 512 tile elements, within [1, 8].
+TILE = 2048
+MAX_BLOCK_L = 2048
+NUM_SMS = 132
+MIN_PROGRAMS = 4 * NUM_SMS
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _num_warps(tile: int) -> int:
+    return max(1, min(8, tile // 512))
+
+
+def _seq_meta(n: int, length: int) -> dict:
+    """Meta-parameters of the sequence kernels for ``n`` sequences of length ``length``."""
+    cap = MAX_BLOCK_L if n >= NUM_SMS else 2 * MAX_BLOCK_L
+    block_l = max(16, min(cap, _next_pow2(length)))
+    block_n = max(1, min(_next_pow2(n), TILE // block_l))
+    return {"BLOCK_N": block_n, "BLOCK_L": block_l, "num_warps": _num_warps(block_n * block_l)}
+
+
+def _chan_meta(n_outer: int, n_inner: int, length: int) -> dict:
+    """Meta-parameters of the channel kernels for ``n_outer`` x ``n_inner`` channels."""
+    block_d = max(32, min(128, _next_pow2(n_inner)))
+    while block_d > 32 and n_outer * math.ceil(n_inner / block_d) < MIN_PROGRAMS:
+        block_d //= 2
+    if n_outer * math.ceil(n_inner / block_d) < NUM_SMS:
+        block_d = 16
+    block_t = max(16, min(TILE // block_d, _next_pow2(length)))
+    return {"BLOCK_T": block_t, "BLOCK_D": block_d, "num_warps": _num_warps(block_t * block_d)}
+
+
+def _interpret_requested() -> bool:
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes", "y")
+
+
+def _sync_interpret_mode() -> None:
+    """Re-decorates the kernels when ``TRITON_INTERPRET`` changed since they were defined.
+
+    ``triton.jit`` reads the flag when it decorates (at import), not at launch; this makes the flag
+    in force at call time decide, whatever the import order (tests/conftest.py imports torch_linrec
+    before tests/test_triton.py sets the flag).
+    """
+    global kernels, linrec_fwd_seq_kernel, linrec_fwd_chan_kernel, linrec_bwd_seq_kernel, linrec_bwd_chan_kernel
+    interpreted = not isinstance(linrec_fwd_seq_kernel, JITFunction)
+    if interpreted == _interpret_requested():
+        return
+    kernels = importlib.reload(kernels)
+    linrec_fwd_seq_kernel, linrec_fwd_chan_kernel = kernels.linrec_fwd_seq_kernel, kernels.linrec_fwd_chan_kernel
+    linrec_bwd_seq_kernel, linrec_bwd_chan_kernel = kernels.linrec_bwd_seq_kernel, kernels.linrec_bwd_chan_kernel
+
+
+class _InterpretedLaunch:
+    """``kernel[grid](*args)`` for an interpreted kernel, skipped when any argument is a fake tensor."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            if torch._guards.detect_fake_mode([a for a in args if isinstance(a, torch.Tensor)]) is None:
+                self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def wrap_triton(kernel):
+    """``torch.library.wrap_triton`` for compiled kernels; a fake-aware launcher for interpreted ones.
+
+    Interpreted kernels (``TRITON_INTERPRET=1``) cannot be traced: their launch is skipped when the
+    op runs as its own fake kernel (fake outputs need no values), and the ops stay opaque under
+    functionalization (:func:`_opaque_when_interpreted`). Named like torch's so that ``triton_op``
+    finds the kernels in the op's source (it hashes them into compile cache keys).
+    """
+    if isinstance(kernel, JITFunction):
+        return torch.library.wrap_triton(kernel)
+    return _InterpretedLaunch(kernel)
+
+
+def _layout(ref: torch.Tensor, dim: int, scan_ts: list, batch_ts: list):
+    """Strides of every operand as an ``(outer, L, inner)`` view, or None if that needs a copy.
+
+    Args:
+        ref: the output (scan-shaped); its strides order the batch dims.
+        dim: the scanned dim (wrapped). scan_ts: tensors of ``ref``'s shape.
+        batch_ts: tensors of ``ref``'s shape without ``dim``.
+
+    Returns:
+        ``(n_outer, n_inner, strides)``, ``strides`` holding ``(s_outer, s_L, s_inner)`` per scan
+        tensor then ``(s_outer, s_inner)`` per batch tensor; None when the batch dims do not merge
+        into two axes.
+    """
+    dims = sorted((d for d in range(ref.dim()) if d != dim and ref.size(d) != 1), key=lambda d: abs(ref.stride(d)))
+    groups: list = []  # [size, strides of every operand], innermost first
+    for d in dims:
+        s = [t.stride(d) for t in scan_ts] + [t.stride(d if d < dim else d - 1) for t in batch_ts]
+        if groups and all(si == gi * groups[-1][0] for si, gi in zip(s, groups[-1][1])):
+            groups[-1][0] *= ref.size(d)
+        else:
+            groups.append([ref.size(d), s])
+    if len(groups) > 2:
+        return None
+    while len(groups) < 2:
+        groups.append([1, [0] * (len(scan_ts) + len(batch_ts))])
+    (n_inner, s_in), (n_outer, s_out) = groups
+    strides = [(s_out[k], t.stride(dim), s_in[k]) for k, t in enumerate(scan_ts)]
+    strides += [(s_out[k], s_in[k]) for k in range(len(scan_ts), len(s_in))]
+    return n_outer, n_inner, strides
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _launch_forward(y: torch.Tensor, x: torch.Tensor, c: torch.Tensor, h0, d: int, reverse: bool) -> bool:
+    """Runs the forward kernel into ``y`` (c expanded to x's shape, h0 to its batch shape or None).
+
+    Returns False, launching nothing, when the layout needs contiguous copies.
+    """
+    plan = _layout(y, d, [x, c, y], [] if h0 is None else [h0])
+    if plan is None:
+        return False
+    n_outer, n_inner, strides = plan
+    sx, sc, sy = strides[:3]
+    sh = strides[3] if h0 is not None else (0, 0)
+    length = x.shape[d]
+    ptrs = (x, c, x if h0 is None else h0, y)
+    flags = {"HAS_INIT": h0 is not None, "WALK_BACK": reverse}
+    if n_inner > 1 and abs(sy[2]) < abs(sy[1]):
+        meta = _chan_meta(n_outer, n_inner, length)
+        grid = (n_outer * _cdiv(n_inner, meta["BLOCK_D"]),)
+        wrap_triton(linrec_fwd_chan_kernel)[grid](*ptrs, n_outer, length, n_inner, *sx, *sc, *sh, *sy,
+                                                   **flags, **meta)
+    else:
+        meta = _seq_meta(n_outer * n_inner, length)
+        grid = (_cdiv(n_outer * n_inner, meta["BLOCK_N"]),)
+        wrap_triton(linrec_fwd_seq_kernel)[grid](*ptrs, n_outer * n_inner, length, n_inner, *sx, *sc, *sh, *sy,
+                                                  **flags, **meta)
+    return True
+
+
+def _launch_backward(outs: tuple, dy: torch.Tensor, c: torch.Tensor, y: torch.Tensor, h0, d: int,
+                     reverse: bool) -> bool:
+    """Runs the fused backward kernel into ``outs = (dx, dc, dh0)``; False when copies are needed."""
+    dx, dc, dh0 = outs
+    batch = [dh0] if h0 is None else [dh0, h0]
+    plan = _layout(dx, d, [dy, c, y, dx, dc], batch)
+    if plan is None:
+        return False
+    n_outer, n_inner, strides = plan
+    sdy, sc, sy, sdx, sdc, sdh = strides[:6]
+    sh = strides[6] if h0 is not None else (0, 0)
+    length = y.shape[d]
+    ptrs = (dy, c, y, y if h0 is None else h0, dx, dc, dh0)
+    st = (*sdy, *sc, *sy, *sh, *sdx, *sdc, *sdh)
+    flags = {"HAS_INIT": h0 is not None, "WALK_BACK": not reverse}  # the VJP runs against the scan
+    if n_inner > 1 and abs(sdx[2]) < abs(sdx[1]):
+        meta = _chan_meta(n_outer, n_inner, length)
+        grid = (n_outer * _cdiv(n_inner, meta["BLOCK_D"]),)
+        wrap_triton(linrec_bwd_chan_kernel)[grid](*ptrs, n_outer, length, n_inner, *st, **flags, **meta)
+    else:
+        meta = _seq_meta(n_outer * n_inner, length)
+        grid = (_cdiv(n_outer * n_inner, meta["BLOCK_N"]),)
+        wrap_triton(linrec_bwd_seq_kernel)[grid](*ptrs, n_outer * n_inner, length, n_inner, *st, **flags, **meta)
+    return True
+
+
+@torch.library.triton_op("linrec::scan_triton", mutates_args=())
+def scan_triton(x: torch.Tensor, coeffs: torch.Tensor, initial: Optional[torch.Tensor] = None, dim: int = -1,
+                reverse: bool = False) -> torch.Tensor:
+    """Triton ``linrec::scan``: ``y[l] = coeffs[l] * y[l-1] + x[l]`` along ``dim``, ``y[-1] = initial``.
+
+    Args:
+        x: float32, float16 or bfloat16, at least one dim, any strides; on CUDA (on CPU under
+            ``TRITON_INTERPRET=1``).
+        coeffs: x's dtype and device, broadcastable to x (read in place, stride 0 where broadcast).
+        initial: x's shape without ``dim``, or broadcastable to it; None (default): zero.
+        dim: the scanned dim, negative allowed (default -1).
+        reverse: scan from the end towards the start (default False).
+
+    Returns:
+        ``y``, allocated as ``torch.empty_like(x)``, computed in float32 and stored in x's dtype.
+
+    Raises:
+        ValueError: float64 or another unsupported dtype, mismatched dtype or device, ``dim`` out of
+            range, coeffs or initial not broadcastable.
+    """
+    d = check_scan_args("linrec.scan_triton", x, coeffs, initial, dim, float64_ok=False)
+    y = torch.empty_like(x)
+    if y.numel() == 0:
+        return y
+    _sync_interpret_mode()
+    c = coeffs.expand(x.shape)
+    h0 = None if initial is None else initial.expand(batch_shape(x, d))
+    if not _launch_forward(y, x, c, h0, d, reverse):
+        tmp = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        _launch_forward(tmp, x.contiguous(), c.contiguous(), None if h0 is None else h0.contiguous(), d, reverse)
+        y.copy_(tmp)
+    return y
+
+
+@torch.library.triton_op("linrec::scan_backward_triton", mutates_args=())
+def scan_backward_triton(grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Tensor,
+                         initial: Optional[torch.Tensor], dim: int,
+                         reverse: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton ``linrec::scan_backward``: the vector-Jacobian product of :func:`scan_triton`.
+
+    Args:
+        grad_y: gradient of ``y``, y's shape, dtype and device, any strides (stride 0 too).
+        coeffs, initial, dim, reverse: as passed to the forward. y: the forward's output.
+
+    Returns:
+        ``(grad_x, grad_coeffs, grad_initial)``: ``grad_x`` as ``torch.empty_like(y)``;
+        ``grad_coeffs`` as ``torch.empty_like(y)`` summed to coeffs' shape when that differs;
+        ``grad_initial`` of y's shape without ``dim`` (zeros when that dim has length 0).
+
+    Raises:
+        ValueError: as :func:`scan_triton`, or grad_y of another shape than y.
+    """
+    d = check_scan_args("linrec.scan_backward_triton", y, coeffs, initial, dim, float64_ok=False)
+    torch._check_with(ValueError, grad_y.shape == y.shape,
+                      lambda: f"linrec.scan_backward_triton: grad_y must have the shape of y ({tuple(y.shape)}), "
+                              f"got {tuple(grad_y.shape)}")
+    torch._check_with(ValueError, grad_y.dtype == y.dtype and grad_y.device == y.device,
+                      lambda: f"linrec.scan_backward_triton: grad_y must have the dtype and device of y "
+                              f"({y.dtype}, {y.device}), got {grad_y.dtype}, {grad_y.device}")
+    grad_x = torch.empty_like(y)
+    grad_c = torch.empty_like(y)
+    grad_h0 = y.new_empty(batch_shape(y, d))
+    if y.shape[d] == 0:
+        grad_h0.zero_()
+    elif y.numel() > 0:
+        _sync_interpret_mode()
+        c = coeffs.expand(y.shape)
+        h0 = None if initial is None else initial.expand(batch_shape(y, d))
+        if not _launch_backward((grad_x, grad_c, grad_h0), grad_y, c, y, h0, d, reverse):
+            tmp_x, tmp_c = (torch.empty(y.shape, dtype=y.dtype, device=y.device) for _ in range(2))
+            _launch_backward((tmp_x, tmp_c, grad_h0), grad_y.contiguous(), c.contiguous(), y.contiguous(),
+                             None if h0 is None else h0.contiguous(), d, reverse)
+            grad_x.copy_(tmp_x)
+            grad_c.copy_(tmp_c)
+    if coeffs.shape != y.shape:
+        grad_c = grad_c.sum_to_size(coeffs.shape)
+    return grad_x, grad_c, grad_h0
+
+
+def _opaque_when_interpreted(op_def) -> None:
+    """Keeps ``op_def`` opaque under functionalization (AOTAutograd) while the kernels are interpreted.
+
+    ``triton_op`` inlines its body when ``torch.compile`` traces it, so compiled graphs launch the
+    kernels themselves; interpreted kernels cannot be traced that way, so the op stays a graph node
+    then and runs eagerly. Compiled (CUDA) kernels keep torch's rule.
+    """
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    decompose = getattr(op_def, "_torch_dispatch_fns", {}).get(FunctionalTensorMode)
+    if decompose is None:
+        return
+
+    def rule(mode, op, types, args, kwargs):
+        _sync_interpret_mode()
+        if isinstance(linrec_fwd_seq_kernel, JITFunction):
+            return decompose(mode, op, types, args, kwargs)
+        return mode.__torch_dispatch__(op, types, args, kwargs)
+
+    op_def.register_torch_dispatch(FunctionalTensorMode, rule)
+
+
+_opaque_when_interpreted(scan_triton)
+_opaque_when_interpreted(scan_backward_triton)
+_ops.register_scan_autograd("linrec::scan_triton", torch.ops.linrec.scan_backward_triton)
