@@ -22,4 +22,24 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(
     const Tensor& grad_y, const Tensor& coeffs, const Tensor& y, const std::optional<Tensor>& initial,
     int64_t dim, bool reverse, ScanLauncher launch);
 
+// The op kernels of one backend, registered by impl_scan_ops<launch>(m) in its TORCH_LIBRARY_IMPL.
+template <ScanLauncher kLaunch>
+Tensor scan_kernel(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
+                   bool reverse) {
+  return scan_impl(x, coeffs, initial, dim, reverse, kLaunch);
+}
+
+template <ScanLauncher kLaunch>
+std::tuple<Tensor, Tensor, Tensor> scan_backward_kernel(const Tensor& grad_y, const Tensor& coeffs, const Tensor& y,
+                                                        const std::optional<Tensor>& initial, int64_t dim,
+                                                        bool reverse) {
+  return scan_backward_impl(grad_y, coeffs, y, initial, dim, reverse, kLaunch);
+}
+
+template <ScanLauncher kLaunch>
+void impl_scan_ops(torch::Library& m) {
+  m.impl("scan", &scan_kernel<kLaunch>);
+  m.impl("scan_backward", &scan_backward_kernel<kLaunch>);
+}
+
 }  // namespace linrec

@@ -51,3 +51,20 @@ def check_scan_args(op: str, x: torch.Tensor, coeffs: torch.Tensor, initial, dim
         _fail(ok, lambda: f"{op}: initial must have shape {tuple(expect)} (x without dim {dim}) or broadcast to it, "
               f"got {tuple(initial.shape)}")
     return dim
+
+
+def check_scan_backward_args(op: str, grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Tensor, initial,
+                             dim: int, float64_ok: bool = True) -> int:
+    """Validates the arguments of a scan backward op (as :func:`check_scan_args`, plus ``grad_y``
+    of y's shape, dtype and device) and returns the wrapped ``dim``.
+
+    Raises:
+        ValueError: naming the argument, with the expected and the received value.
+    """
+    d = check_scan_args(op, y, coeffs, initial, dim, float64_ok=float64_ok)
+    _fail(grad_y.shape == y.shape,
+          lambda: f"{op}: grad_y must have the shape of y ({tuple(y.shape)}), got {tuple(grad_y.shape)}")
+    _fail(grad_y.dtype == y.dtype and grad_y.device == y.device,
+          lambda: f"{op}: grad_y must have the dtype and device of y ({y.dtype}, {y.device}), "
+                  f"got {grad_y.dtype}, {grad_y.device}")
+    return d

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import _C  # noqa: F401  (loads the library that defines the linrec ops)
-from ._checks import batch_shape, check_scan_args
+from ._checks import batch_shape, check_scan_args, check_scan_backward_args
 
 __all__ = ["fake_scan", "fake_scan_backward", "register_scan_autograd", "HAS_CUDA_KERNELS"]
 
@@ -25,13 +25,8 @@ def fake_scan(x, coeffs, initial=None, dim=-1, reverse=False):
 
 def fake_scan_backward(grad_y, coeffs, y, initial, dim, reverse):
     """Fake kernel of every scan backward op, allocating exactly as csrc/scan_ops.cpp does."""
-    d = check_scan_args("linrec.scan_backward", y, coeffs, initial, dim, float64_ok=y.device.type == "cpu")
-    torch._check_with(ValueError, grad_y.shape == y.shape,
-                      lambda: f"linrec.scan_backward: grad_y must have the shape of y ({tuple(y.shape)}), "
-                              f"got {tuple(grad_y.shape)}")
-    torch._check_with(ValueError, grad_y.dtype == y.dtype and grad_y.device == y.device,
-                      lambda: f"linrec.scan_backward: grad_y must have the dtype and device of y ({y.dtype}, "
-                              f"{y.device}), got {grad_y.dtype}, {grad_y.device}")
+    d = check_scan_backward_args("linrec.scan_backward", grad_y, coeffs, y, initial, dim,
+                                 float64_ok=y.device.type == "cpu")
     grad_x = torch.empty_like(y)
     grad_c = torch.empty_like(y)
     if coeffs.shape != y.shape:

@@ -101,22 +101,8 @@ void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&) {
   });
 }
 
-Tensor scan_cpu(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
-                bool reverse) {
-  return scan_impl(x, coeffs, initial, dim, reverse, launch_cpu);
-}
-
-std::tuple<Tensor, Tensor, Tensor> scan_backward_cpu(const Tensor& grad_y, const Tensor& coeffs, const Tensor& y,
-                                                     const std::optional<Tensor>& initial, int64_t dim,
-                                                     bool reverse) {
-  return scan_backward_impl(grad_y, coeffs, y, initial, dim, reverse, launch_cpu);
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(linrec, CPU, m) {
-  m.impl("scan", &scan_cpu);
-  m.impl("scan_backward", &scan_backward_cpu);
-}
+TORCH_LIBRARY_IMPL(linrec, CPU, m) { impl_scan_ops<launch_cpu>(m); }
 
 }  // namespace linrec

@@ -48,22 +48,8 @@ void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& de
   TORCH_CHECK(err == cudaSuccess, "linrec.scan: CUDA launch failed: ", cudaGetErrorString(err));
 }
 
-Tensor scan_cuda(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
-                 bool reverse) {
-  return scan_impl(x, coeffs, initial, dim, reverse, launch_cuda);
-}
-
-std::tuple<Tensor, Tensor, Tensor> scan_backward_cuda(const Tensor& grad_y, const Tensor& coeffs, const Tensor& y,
-                                                      const std::optional<Tensor>& initial, int64_t dim,
-                                                      bool reverse) {
-  return scan_backward_impl(grad_y, coeffs, y, initial, dim, reverse, launch_cuda);
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(linrec, CUDA, m) {
-  m.impl("scan", &scan_cuda);
-  m.impl("scan_backward", &scan_backward_cuda);
-}
+TORCH_LIBRARY_IMPL(linrec, CUDA, m) { impl_scan_ops<launch_cuda>(m); }
 
 }  // namespace linrec

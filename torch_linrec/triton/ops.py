@@ -19,7 +19,7 @@ import triton
 from triton.runtime.jit import JITFunction
 
 from .. import ops as _ops
-from .._checks import batch_shape, check_scan_args
+from .._checks import batch_shape, check_scan_args, check_scan_backward_args
 from . import kernels
 from .kernels import linrec_bwd_chan_kernel, linrec_bwd_seq_kernel, linrec_fwd_chan_kernel, linrec_fwd_seq_kernel
 
@@ -259,13 +259,7 @@ def scan_backward_triton(grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Te
     Raises:
         ValueError: as :func:`scan_triton`, or grad_y of another shape than y.
     """
-    d = check_scan_args("linrec.scan_backward_triton", y, coeffs, initial, dim, float64_ok=False)
-    torch._check_with(ValueError, grad_y.shape == y.shape,
-                      lambda: f"linrec.scan_backward_triton: grad_y must have the shape of y ({tuple(y.shape)}), "
-                              f"got {tuple(grad_y.shape)}")
-    torch._check_with(ValueError, grad_y.dtype == y.dtype and grad_y.device == y.device,
-                      lambda: f"linrec.scan_backward_triton: grad_y must have the dtype and device of y "
-                              f"({y.dtype}, {y.device}), got {grad_y.dtype}, {grad_y.device}")
+    d = check_scan_backward_args("linrec.scan_backward_triton", grad_y, coeffs, y, initial, dim, float64_ok=False)
     grad_x = torch.empty_like(y)
     grad_c = torch.empty_like(y)
     grad_h0 = y.new_empty(batch_shape(y, d))
