@@ -44,6 +44,9 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   const T* h0 = slot_ptr<T>(p, kInit, si.offset(p, kInit));
   const int64_t L = p.len, ls_in = p.lstride[kIn], ls_c = p.lstride[kCoeff], ls_y = p.lstride[kOut];
   const float init = h0 ? to_float(*h0) : 0.f;
+  T* dx = slot_ptr<T>(p, kGradIn, si.offset(p, kGradIn));  // backward outputs (null in the forward)
+  T* dc = slot_ptr<T>(p, kGradCoeff, si.offset(p, kGradCoeff));
+  const int64_t ls_dx = p.lstride[kGradIn], ls_dc = p.lstride[kGradCoeff];
 
   float state = kBackward ? 0.f : init;  // warp 0: state before the next span (pipe mode)
   for (int64_t span = 0; span < args.spans_per_block; ++span) {
@@ -105,9 +108,6 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
       for (int i = 0; i < CH; ++i)
         if (i < n) y[(t0 + i) * ls_y] = from_float<T>(v[i]);
     } else {
-      T* dx = slot_ptr<T>(p, kGradIn, si.offset(p, kGradIn));
-      T* dc = slot_ptr<T>(p, kGradCoeff, si.offset(p, kGradCoeff));
-      const int64_t ls_dx = p.lstride[kGradIn], ls_dc = p.lstride[kGradCoeff];
 #pragma unroll
       for (int i = 0; i < CH; ++i) {
         if (i < n) {
