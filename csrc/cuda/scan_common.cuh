@@ -8,6 +8,7 @@
 // single-pass decoupled look-back of Merrill & Garland, "Single-pass Parallel Prefix
 // Scan with Decoupled Look-back" (NVIDIA TR 2016-002).
 #pragma once
+#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
@@ -64,42 +65,66 @@ __device__ __forceinline__ T* slot_ptr(const ScanParams& p, int slot, int64_t of
   return p.ptr[slot] ? static_cast<T*>(p.ptr[slot]) + offset : nullptr;
 }
 
-// Status of every (sequence, chunk) for the decoupled look-back. The workspace is zeroed
-// before each launch; flag 0: nothing yet, 1: aggregate (a, b) of the chunk published,
-// 2: inclusive prefix (the state after the chunk) published.
+// Status of every (sequence, chunk) for the decoupled look-back: two 64-bit words per
+// entry, each holding a flag (high half) and a float (low half), so a word is published
+// and read in one access and no memory fence is needed. The workspace is zeroed before each
+// launch. Word 0: (kAggregate, a). Word 1: (kAggregate, b), later overwritten by
+// (kInclusive, state after the chunk). A reader that sees word 1 flagged kAggregate but
+// word 0 still zero simply polls again.
 struct LookbackState {
   unsigned long long* counter;  // dynamic chunk order: blocks take ids in the order they start
-  int* flag;
-  float* agg_a;
-  float* agg_b;
-  float* incl;
+  unsigned long long* status;   // 2 words per entry
 
-  static constexpr int kAggregate = 1, kInclusive = 2;
+  static constexpr unsigned kAggregate = 1, kInclusive = 2;
+
+  __device__ __forceinline__ static unsigned long long pack(unsigned flag, float v) {
+    return static_cast<unsigned long long>(flag) << 32 | __float_as_uint(v);
+  }
+  __device__ __forceinline__ static unsigned flag_of(unsigned long long w) { return static_cast<unsigned>(w >> 32); }
+  __device__ __forceinline__ static float value_of(unsigned long long w) {
+    return __uint_as_float(static_cast<unsigned>(w));
+  }
+  __device__ __forceinline__ void store(int64_t word, unsigned long long w) const {
+    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(status[word]).store(w, cuda::memory_order_relaxed);
+  }
+  __device__ __forceinline__ unsigned long long load(int64_t word) const {
+    return cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(status[word]).load(cuda::memory_order_relaxed);
+  }
 
   __device__ __forceinline__ void publish_aggregate(int64_t i, Affine agg) const {
-    agg_a[i] = agg.a;
-    agg_b[i] = agg.b;
-    __threadfence();
-    *reinterpret_cast<volatile int*>(flag + i) = kAggregate;
+    store(2 * i, pack(kAggregate, agg.a));
+    store(2 * i + 1, pack(kAggregate, agg.b));
   }
-  __device__ __forceinline__ void publish_inclusive(int64_t i, float h) const {
-    incl[i] = h;
-    __threadfence();
-    *reinterpret_cast<volatile int*>(flag + i) = kInclusive;
+  __device__ __forceinline__ void publish_inclusive(int64_t i, float h) const { store(2 * i + 1, pack(kInclusive, h)); }
+
+  // Polls entry i until it holds an inclusive prefix (returns kInclusive and sets h) or a
+  // complete aggregate (returns kAggregate and sets a, b).
+  __device__ __forceinline__ unsigned wait_entry(int64_t i, float& a, float& b, float& h) const {
+    for (;;) {
+      const unsigned long long w1 = load(2 * i + 1);
+      const unsigned f = flag_of(w1);
+      if (f == kInclusive) {
+        h = value_of(w1);
+        return f;
+      }
+      if (f == kAggregate) {
+        const unsigned long long w0 = load(2 * i);
+        if (flag_of(w0) == kAggregate) {
+          a = value_of(w0);
+          b = value_of(w1);
+          return f;
+        }
+      }
+    }
   }
+
   // State before chunk `chunk` (> 0) of a sequence whose chunk k lives at index base + k * step.
   // Predecessors started before this block (dynamic order), so the spin always ends.
   __device__ __forceinline__ float look_back(int64_t base, int64_t step, int64_t chunk) const {
     float p = 1.f, q = 0.f;  // state before `chunk` = p * (state after chunk k) + q
     for (int64_t k = chunk - 1;; --k) {
-      const int64_t i = base + k * step;
-      int f;
-      do {
-        f = *reinterpret_cast<volatile const int*>(flag + i);
-      } while (f == 0);
-      __threadfence();
-      if (f == kInclusive) return fmaf(p, __ldcg(incl + i), q);
-      const float a = __ldcg(agg_a + i), b = __ldcg(agg_b + i);
+      float a = 1.f, b = 0.f, h = 0.f;
+      if (wait_entry(base + k * step, a, b, h) == kInclusive) return fmaf(p, h, q);
       q = fmaf(p, b, q);
       p *= a;
     }
@@ -108,30 +133,14 @@ struct LookbackState {
   // Same as look_back, run by a whole warp over one sequence: each lane reads one of 32
   // predecessors per round trip (lane 0 the nearest); the aggregates before the nearest
   // inclusive prefix are composed with an ordered shuffle reduction. Returns the state on
-  // every lane.
+  // every lane. Chunk 0 always publishes an inclusive prefix, so lanes past it never count.
   __device__ __forceinline__ float warp_look_back(int64_t base, int64_t step, int64_t chunk) const {
     const int lane = threadIdx.x & 31;
     float p = 1.f, q = 0.f;
     for (int64_t hi = chunk - 1;; hi -= 32) {
       const int64_t k = hi - lane;
-      const int64_t i = base + k * step;
-      int f = kInclusive;
-      if (k >= 0) {
-        do {
-          f = *reinterpret_cast<volatile const int*>(flag + i);
-        } while (f == 0);
-      }
-      __syncwarp();
-      __threadfence();
       float a = 1.f, b = 0.f, h = 0.f;
-      if (k >= 0) {
-        if (f == kInclusive) {
-          h = __ldcg(incl + i);
-        } else {
-          a = __ldcg(agg_a + i);
-          b = __ldcg(agg_b + i);
-        }
-      }
+      const unsigned f = k >= 0 ? wait_entry(base + k * step, a, b, h) : kInclusive;
       const unsigned inclusive = __ballot_sync(0xffffffffu, f == kInclusive);
       const int stop = inclusive ? __ffs(inclusive) - 1 : 32;
       if (lane >= stop) a = 1.f, b = 0.f;

@@ -2,6 +2,7 @@
 #pragma once
 #include "scan_channel.cuh"
 #include "scan_launch.h"
+#include "scan_stream.cuh"
 #include "scan_tile.cuh"
 
 namespace linrec {
@@ -15,13 +16,27 @@ inline LookbackState lookback_state(const ScanPlan& plan, void* workspace) {
   LookbackState lb{};
   if (plan.workspace_bytes == 0) return lb;
   char* base = static_cast<char*>(workspace);
-  const size_t flags = (plan.zeroed_bytes - 16);
   lb.counter = reinterpret_cast<unsigned long long*>(base);
-  lb.flag = reinterpret_cast<int*>(base + 16);
-  lb.agg_a = reinterpret_cast<float*>(base + 16 + flags);
-  lb.agg_b = reinterpret_cast<float*>(base + 16 + 2 * flags);
-  lb.incl = reinterpret_cast<float*>(base + 16 + 3 * flags);
+  lb.status = reinterpret_cast<unsigned long long*>(base + 16);
   return lb;
+}
+
+// Caps `grid` at the blocks of `kernel` resident on the current device at once (the
+// occupancy is computed once per kernel: one GPU architecture per process is assumed).
+template <auto kKernel>
+cudaError_t cap_at_resident(int threads, size_t smem, int64_t& grid) {
+  static int per_sm = 0;
+  cudaError_t err;
+  if (per_sm == 0) {
+    int n = 0;
+    if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem)) != cudaSuccess) return err;
+    per_sm = n > 0 ? n : 1;
+  }
+  int device = 0, num_sms = 0;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
+  if ((err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
+  grid = std::min<int64_t>(grid, int64_t(num_sms) * per_sm);
+  return cudaSuccess;
 }
 
 template <typename T, bool kBackward, int I = 0>
@@ -29,7 +44,13 @@ cudaError_t launch_tile(const ScanParams& p, const ScanPlan& plan, const TileArg
   if constexpr (I < kNumTileConfigs) {
     constexpr TileConfig cfg = tile_config(sizeof(T), I);
     if (plan.config != I) return launch_tile<T, kBackward, I + 1>(p, plan, args, stream);
-    scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+    constexpr auto kernel = scan_tile_kernel<T, cfg.elems, cfg.threads, cfg.min_blocks, kBackward>;
+    int64_t grid = plan.grid;
+    if (args.num_chunks == 1) {  // grid-stride over sequences: one wave of resident blocks
+      const cudaError_t err = cap_at_resident<kernel>(cfg.threads, 0, grid);
+      if (err != cudaSuccess) return err;
+    }
+    kernel<<<grid, cfg.threads, 0, stream>>>(p, args);
     return cudaGetLastError();
   } else {
     return cudaErrorInvalidConfiguration;
@@ -49,6 +70,25 @@ cudaError_t launch_channel(const ScanParams& p, const ScanPlan& plan, const Chan
   }
 }
 
+// Persistent grid: as many blocks as fit on the device at once (at most one per tile).
+template <typename T, bool kBackward, int I = 0>
+cudaError_t launch_stream(const ScanParams& p, const ScanPlan& plan, const StreamArgs& args, cudaStream_t stream) {
+  if constexpr (I < kNumStreamConfigs) {
+    constexpr StreamConfig cfg = stream_config(sizeof(T), I);
+    if (plan.config != I) return launch_stream<T, kBackward, I + 1>(p, plan, args, stream);
+    constexpr auto kernel = scan_stream_kernel<T, cfg.elems, cfg.threads, cfg.stages, kBackward>;
+    constexpr size_t smem = cfg.smem_bytes(sizeof(T), kBackward);
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+    int64_t grid = plan.grid;
+    if ((err = cap_at_resident<kernel>(cfg.threads, smem, grid)) != cudaSuccess) return err;
+    kernel<<<grid, cfg.threads, smem, stream>>>(p, args);
+    return cudaGetLastError();
+  } else {
+    return cudaErrorInvalidConfiguration;
+  }
+}
+
 template <ScanDType kDType, bool kBackward>
 cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspace, cudaStream_t stream) {
   using T = typename StorageType<kDType>::type;
@@ -58,12 +98,16 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
     if (err != cudaSuccess) return err;
   }
   const LookbackState lb = lookback_state(plan, workspace);
-  if (plan.kind == ScanKind::kTile) {
-    const TileArgs args{plan.num_chunks, plan.per_chunk, plan.vec_mask, lb};
-    return launch_tile<T, kBackward>(p, plan, args, stream);
+  switch (plan.kind) {
+    case ScanKind::kTile:
+      return launch_tile<T, kBackward>(p, plan, TileArgs{plan.num_chunks, plan.per_chunk, plan.vec_mask, lb}, stream);
+    case ScanKind::kStream:
+      return launch_stream<T, kBackward>(p, plan, StreamArgs{plan.num_chunks, plan.vec_mask, lb}, stream);
+    case ScanKind::kChannel:
+      return launch_channel<T, kBackward>(
+          p, plan, ChannelArgs{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, 32), lb}, stream);
   }
-  const ChannelArgs args{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, 32), lb};
-  return launch_channel<T, kBackward>(p, plan, args, stream);
+  return cudaErrorInvalidConfiguration;
 }
 
 }  // namespace linrec

@@ -1,9 +1,11 @@
 // How a scan is mapped onto the GPU: kernel template, config, grid, workspace.
 // Host-only and torch-free. Every tuning choice is here, each with its reason.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "../scan_params.h"
 
@@ -13,8 +15,13 @@ namespace linrec {
 // size. Every thread moves whole 16-byte vectors, at least two per tensor: with one, the
 // bf16 L=1024 case kept too few bytes in flight (0.78 of torch.add on the H100, against
 // 1.00 for float32 with two).
+//
+// `min_blocks` (resident blocks per SM, a register cap through __launch_bounds__) keeps the
+// configs at the registers they were tuned with: the grid-stride loop over sequences let
+// ptxas pick fewer registers with spills for the 2-byte 32-step configs, or more with lower
+// occupancy for the others.
 struct TileConfig {
-  int elems, threads;
+  int elems, threads, min_blocks;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
 };
 // Smallest tile first. 4-byte: 256 steps for short sequences (no idle threads), 1024 for
@@ -22,9 +29,9 @@ struct TileConfig {
 // The last entry was meant for look-back mode (smaller blocks, more resident per SM), but
 // the 4096-step tile of 256 threads measured faster on few-long (0.63 vs 0.57 of torch.add),
 // so look-back mode defaults to entry 2; entry 3 stays for the override below.
-constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}};
+constexpr TileConfig kTileConfigs4B[] = {{8, 32, 32}, {8, 128, 8}, {16, 256, 4}, {16, 128, 8}};
 // 2-byte: the same tile sizes with twice the steps per thread.
-constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {16, 64}, {32, 128}, {32, 64}};
+constexpr TileConfig kTileConfigs2B[] = {{16, 16, 32}, {16, 64, 16}, {32, 128, 4}, {32, 64, 8}};
 constexpr int kNumTileConfigs = 4;
 constexpr int kNumSizeTileConfigs = 3;  // chosen by length; the rest by mode
 constexpr TileConfig tile_config(int elem_size, int i) {
@@ -49,10 +56,35 @@ constexpr int kNumChannelConfigs = 4;
 constexpr int kDefaultChannelConfig = 0;
 constexpr int kDefaultTileLookbackConfig = 2;
 
-// Tuning override for experiments: TORCH_LINREC_CUDA_CHANNEL_CONFIG / _TILE_LOOKBACK_CONFIG.
+// Stream kernel configs (elements per thread E, threads per block NT, tiles in flight per
+// block), Hopper and later: persistent blocks fed by bulk copies, for long sequences that
+// would otherwise chain register-held tiles by look-back. Every entry moves 16 KB per input
+// and tile in float32 (4096 steps) or 8 KB (2048 steps).
+struct StreamConfig {
+  int elems, threads, stages;
+  constexpr int64_t tile() const { return int64_t(elems) * threads; }
+  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x (tile + two 16-byte halos).
+  constexpr size_t smem_bytes(int elem_size, bool backward) const {
+    return size_t(stages) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 32);
+  }
+};
+// 0: 4096 steps, 3 in flight: 96 KB forward (2 blocks per SM). 1: 2048 steps, 4 in flight:
+// 64 KB forward, 96 KB backward (2 blocks per SM with three inputs). 2: the same tile with
+// 128 threads. 3: 4096 steps, 2 in flight.
+constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 3}, {8, 256, 4}, {16, 128, 4}, {16, 256, 2}};
+constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 3}, {16, 256, 4}, {32, 128, 4}, {32, 256, 2}};
+constexpr int kNumStreamConfigs = 4;
+constexpr int kDefaultStreamConfig[2] = {0, 1};  // forward, backward
+constexpr StreamConfig stream_config(int elem_size, int i) {
+  return elem_size == 2 ? kStreamConfigs2B[i] : kStreamConfigs4B[i];
+}
+
+// Tuning overrides for experiments: TORCH_LINREC_CUDA_CHANNEL_CONFIG, _TILE_LOOKBACK_CONFIG,
+// _STREAM_CONFIG (an index, or "off": no stream kernel).
 inline int config_override(const char* name, int fallback, int count) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
+  if (std::strcmp(v, "off") == 0) return -1;
   const int i = std::atoi(v);
   return (i >= 0 && i < count) ? i : fallback;
 }
@@ -60,15 +92,16 @@ inline int config_override(const char* name, int fallback, int count) {
 // Resident threads per SM the plans assume (2048 on Hopper at full occupancy).
 constexpr int64_t kThreadsPerSM = 2048;
 
-enum class ScanKind : int { kTile = 0, kChannel = 1 };
+enum class ScanKind : int { kTile = 0, kChannel = 1, kStream = 2 };
 
 struct ScanPlan {
   ScanKind kind;
-  int config;              // index into the tile or channel configs
+  int config;              // index into the tile, channel or stream configs
   int64_t num_chunks;      // blocks per sequence along the scan; > 1 means decoupled look-back
   int64_t per_chunk;       // tiles (tile kernel) or spans (channel kernel) each block walks
-  int64_t grid;            // blocks
-  unsigned vec_mask;       // tile kernel: slots that take 16-byte vector accesses
+  int64_t grid;            // blocks, or work items where the kernel loops (see grid_capped)
+  bool grid_capped;        // the launcher caps `grid` at the resident blocks
+  unsigned vec_mask;       // tile and stream kernels: slots that take 16-byte vector accesses
   size_t workspace_bytes;  // look-back status (0 without look-back)
   size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
 };
@@ -89,12 +122,12 @@ inline bool vectorizable(const ScanParams& p, int slot, int elem_size) {
   return true;
 }
 
-inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms) {
+// `cc_major`: the device's compute capability (the stream kernel needs 9.0: bulk copies).
+inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int cc_major) {
   ScanPlan plan{};
   const int64_t L = p.len;
   // The scan dim is innermost for the output when its stride beats every batch stride.
   const bool channel = p.nbatch > 0 && std::llabs(p.lstride[kOut]) > std::llabs(p.bstride[kOut][0]);
-  int64_t lookback_entries = 0;
   if (!channel) {
     plan.kind = ScanKind::kTile;
     plan.config = kNumSizeTileConfigs - 1;
@@ -105,24 +138,40 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms) {
       }
     const TileConfig cfg = tile_config(elem_size, plan.config);
     const int64_t tiles = ceil_div(L, cfg.tile());
-    const int64_t resident_blocks = num_sms * (kThreadsPerSM / cfg.threads);
-    // Enough sequences for two waves: one block walks all tiles of a sequence (no status
-    // traffic). Otherwise one tile per block and the tiles chain by look-back.
+    const int64_t resident_blocks = num_sms * (kThreadsPerSM / cfg.threads);  // at most
+    for (int s = 0; s < kNumSlots; ++s)
+      if (s != kInit && s != kGradInit && vectorizable(p, s, elem_size)) plan.vec_mask |= 1u << s;
+    const unsigned streamed = (1u << kIn) | (1u << kCoeff) | (p.backward ? 1u << kOut : 0u);
+    const int stream_cfg = config_override("TORCH_LINREC_CUDA_STREAM_CONFIG", kDefaultStreamConfig[p.backward],
+                                           kNumStreamConfigs);
+    // Enough sequences for two waves: a block walks all tiles of a sequence, then the next
+    // sequence (grid-stride, at most one block per resident slot: short sequences do not pay
+    // a block launch each). Otherwise the tiles of a sequence chain by look-back: in the
+    // stream kernel where the inputs allow bulk copies, else one register-held tile per block.
     if (tiles == 1 || p.num_seq >= 2 * resident_blocks) {
       plan.num_chunks = 1;
       plan.per_chunk = tiles;
+      plan.grid = p.num_seq;
+      plan.grid_capped = true;
+    } else if (cc_major >= 9 && stream_cfg >= 0 && (plan.vec_mask & streamed) == streamed) {
+      plan.kind = ScanKind::kStream;
+      plan.config = stream_cfg;
+      plan.num_chunks = ceil_div(L, stream_config(elem_size, stream_cfg).tile());
+      plan.per_chunk = 1;
+      plan.grid = p.num_seq * plan.num_chunks;
+      plan.grid_capped = true;
     } else {
       plan.config = config_override("TORCH_LINREC_CUDA_TILE_LOOKBACK_CONFIG", kDefaultTileLookbackConfig,
                                     kNumTileConfigs);
+      if (plan.config < 0) plan.config = kDefaultTileLookbackConfig;
       plan.num_chunks = ceil_div(L, tile_config(elem_size, plan.config).tile());
       plan.per_chunk = 1;
+      plan.grid = p.num_seq * plan.num_chunks;
     }
-    plan.grid = p.num_seq * plan.num_chunks;
-    for (int s = 0; s < kNumSlots; ++s)
-      if (s != kInit && s != kGradInit && vectorizable(p, s, elem_size)) plan.vec_mask |= 1u << s;
   } else {
     plan.kind = ScanKind::kChannel;
     plan.config = config_override("TORCH_LINREC_CUDA_CHANNEL_CONFIG", kDefaultChannelConfig, kNumChannelConfigs);
+    if (plan.config < 0) plan.config = kDefaultChannelConfig;
     const ChannelConfig cfg = kChannelConfigs[plan.config];
     const int64_t spans = ceil_div(L, cfg.span());
     const int64_t seq_blocks = ceil_div(p.num_seq, 32);
@@ -138,11 +187,9 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms) {
     }
     plan.grid = seq_blocks * plan.num_chunks;
   }
-  if (plan.num_chunks > 1) {
-    lookback_entries = p.num_seq * plan.num_chunks;
-    const size_t flags = static_cast<size_t>(ceil_div(lookback_entries * 4, 16) * 16);
-    plan.zeroed_bytes = 16 + flags;
-    plan.workspace_bytes = plan.zeroed_bytes + 3 * flags;
+  if (plan.num_chunks > 1) {  // look-back: a counter, then two status words per (sequence, chunk)
+    plan.workspace_bytes = 16 + static_cast<size_t>(p.num_seq * plan.num_chunks) * 16;
+    plan.zeroed_bytes = plan.workspace_bytes;
   }
   return plan;
 }

@@ -93,80 +93,133 @@ struct TileCarry {
   }
 };
 
+// The tensors of one sequence (pointers at its step 0, signed strides along the scan).
+template <typename T>
+struct SeqTensors {
+  const T* in;   // x (forward) or grad_y (backward)
+  const T* cf;   // coeffs
+  T* y;          // forward output, or the saved forward output read by the backward
+  T* dx;         // backward outputs (null in the forward)
+  T* dc;
+  T* dh0;
+  int64_t ls_in, ls_c, ls_y, ls_dx, ls_dc;
+  float init;    // state before step 0
+
+  // `load_init`: read `initial` (a global load the caller may not need).
+  __device__ __forceinline__ SeqTensors(const ScanParams& p, const int64_t* off, bool load_init = true) {
+    in = slot_ptr<T>(p, kIn, off[kIn]);
+    cf = slot_ptr<T>(p, kCoeff, off[kCoeff]);
+    y = slot_ptr<T>(p, kOut, off[kOut]);
+    dx = slot_ptr<T>(p, kGradIn, off[kGradIn]);
+    dc = slot_ptr<T>(p, kGradCoeff, off[kGradCoeff]);
+    dh0 = slot_ptr<T>(p, kGradInit, off[kGradInit]);
+    ls_in = p.lstride[kIn];
+    ls_c = p.lstride[kCoeff];
+    ls_y = p.lstride[kOut];
+    ls_dx = p.lstride[kGradIn];
+    ls_dc = p.lstride[kGradCoeff];
+    const T* h0 = slot_ptr<T>(p, kInit, off[kInit]);
+    init = h0 && load_init ? to_float(*h0) : 0.f;
+  }
+};
+
+// Backward operands of a thread's steps tf .. tf+nv-1: step t uses c[t-1] (the coefficient
+// one step further along the forward scan) and y[t+1] (the forward state before step t;
+// `initial` past the end). `c` and `yn` hold c[t] and y[t] on entry; `c_before` is c[tf-1]
+// and `y_after` is y[tf+E] (each used only where it exists).
+template <int E>
+__device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&yn)[E], float c_before, float y_after,
+                                                        int64_t tf, int nv, int64_t L, float init) {
+#pragma unroll
+  for (int i = E - 1; i > 0; --i) c[i] = i < nv ? c[i - 1] : 1.f;
+  c[0] = nv > 0 ? (tf > 0 ? c_before : 0.f) : 1.f;
+#pragma unroll
+  for (int i = 0; i < E - 1; ++i) yn[i] = (i + 1 < nv) ? yn[i + 1] : (tf + i + 1 == L ? init : 0.f);
+  yn[E - 1] = (nv == E) ? (tf + E < L ? y_after : init) : yn[E - 1];
+}
+
+// Loads a thread's operands for steps tf .. tf+nv-1 straight from global memory.
+template <typename T, int E, bool kBackward>
+__device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
+                                                 float (&v)[E], float (&c)[E], float (&yn)[E]) {
+  load_steps<T, E>(s.in, s.ls_in, tf, nv, vm >> kIn & 1, 0.f, v);
+  load_steps<T, E>(s.cf, s.ls_c, tf, nv, vm >> kCoeff & 1, 1.f, c);
+  if constexpr (kBackward) {
+    load_steps<T, E>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, 0.f, yn);
+    const float c_before = (nv > 0 && tf > 0) ? to_float(s.cf[(tf - 1) * s.ls_c]) : 0.f;
+    const float y_after = (nv == E && tf + E < L) ? to_float(s.y[(tf + E) * s.ls_y]) : 0.f;
+    shift_backward_operands<E>(c, yn, c_before, y_after, tf, nv, L, s.init);
+  }
+}
+
+// Scans a tile whose operands are in registers: each thread reduces its E steps to one
+// affine map, cub::BlockScan (with `carry` as prefix callback) gives its exclusive prefix,
+// and the thread replays its steps from there and stores them.
 template <typename T, int E, int NT, bool kBackward>
-__global__ void __launch_bounds__(NT) scan_tile_kernel(const ScanParams p, const TileArgs args) {
+__device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
+                                                    TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
+                                                    int nv, unsigned vm, float (&v)[E], const float (&c)[E],
+                                                    float (&yn)[E]) {
+  Affine agg{1.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < E; ++i) agg = ComposeOp()(agg, Affine{c[i], v[i]});
+  Affine prefix;
+  cub::BlockScan<Affine, NT>(storage).ExclusiveScan(agg, prefix, ComposeOp(), carry);
+  float h = prefix.b, h_last = 0.f;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    h = fmaf(c[i], h, v[i]);
+    v[i] = h;
+    if (i < nv) h_last = h;
+  }
+  if constexpr (!kBackward) {
+    store_steps<T, E>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < E; ++i) yn[i] *= v[i];
+    store_steps<T, E>(s.dx, s.ls_dx, tf, nv, vm >> kGradIn & 1, v);
+    store_steps<T, E>(s.dc, s.ls_dc, tf, nv, vm >> kGradCoeff & 1, yn);
+    if (nv > 0 && tf + nv == L)  // this thread holds the last step: d initial = c[L-1] * g[L-1]
+      *s.dh0 = from_float<T>(to_float(s.cf[(L - 1) * s.ls_c]) * h_last);
+  }
+}
+
+// Without look-back a block walks all tiles of a sequence and then takes the next sequence
+// (grid-stride), so short sequences do not pay one block launch each. With look-back
+// (num_chunks > 1) a block scans one tile, chained to its predecessors across blocks.
+template <typename T, int E, int NT, int MIN_BLOCKS, bool kBackward>
+__global__ void __launch_bounds__(NT, kBackward ? (MIN_BLOCKS + 1) / 2 : MIN_BLOCKS) scan_tile_kernel(const ScanParams p, const TileArgs args) {
   constexpr int kTile = E * NT;
-  using BlockScan = cub::BlockScan<Affine, NT>;
-  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
   __shared__ int64_t s_vid;
   __shared__ int64_t s_off[kNumSlots];
 
   const bool lookback = args.num_chunks > 1;
-  if (threadIdx.x == 0) s_vid = lookback ? static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)) : blockIdx.x;
-  __syncthreads();
-  const int64_t vid = s_vid;
-  // Chunk-major order: all sequences' chunk k start before any chunk k+1, keeping look-back short.
-  const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
-  if (threadIdx.x < kNumSlots) s_off[threadIdx.x] = SeqIndex(p, seq).offset(p, threadIdx.x);
-  __syncthreads();
-
-  const T* in = slot_ptr<T>(p, kIn, s_off[kIn]);
-  const T* cf = slot_ptr<T>(p, kCoeff, s_off[kCoeff]);
-  T* y = slot_ptr<T>(p, kOut, s_off[kOut]);
-  const T* h0 = slot_ptr<T>(p, kInit, s_off[kInit]);
-  const int64_t L = p.len, ls_in = p.lstride[kIn], ls_c = p.lstride[kCoeff], ls_y = p.lstride[kOut];
+  const int64_t num_items = p.num_seq * args.num_chunks;
+  const int64_t L = p.len;
   const unsigned vm = args.vec_mask;
-  const float init = h0 ? to_float(*h0) : 0.f;
+  for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
+    if (threadIdx.x == 0) s_vid = lookback ? static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)) : item;
+    __syncthreads();
+    const int64_t vid = s_vid;
+    // Chunk-major order: all sequences' chunk k start before any chunk k+1, keeping look-back short.
+    const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
+    if (threadIdx.x < kNumSlots) s_off[threadIdx.x] = SeqIndex(p, seq).offset(p, threadIdx.x);
+    __syncthreads();
+    const SeqTensors<T> s(p, s_off);
 
-  TileCarry carry{kBackward ? 0.f : init, lookback, args.lb, seq, p.num_seq, chunk, vid};
-  const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile;
-  for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
-    const int64_t t0 = chunk_t0 + tile * kTile;
-    if (t0 >= L) break;
-    const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-    const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
-    float v[E], c[E];
-    load_steps<T, E>(in, ls_in, tf, nv, vm >> kIn & 1, 0.f, v);
-    load_steps<T, E>(cf, ls_c, tf, nv, vm >> kCoeff & 1, 1.f, c);
-    float yn[E];
-    if constexpr (kBackward) {
-      // Step t uses c[t-1] (the coefficient one step further along the forward scan) and
-      // y[t+1] (the forward state before step t; `initial` past the end).
-      load_steps<T, E>(y, ls_y, tf, nv, vm >> kOut & 1, 0.f, yn);
-      const float c_before = (nv > 0 && tf > 0) ? to_float(cf[(tf - 1) * ls_c]) : 0.f;
-      const float y_after = (tf + E < L) ? to_float(y[(tf + E) * ls_y]) : init;
-#pragma unroll
-      for (int i = E - 1; i > 0; --i) c[i] = i < nv ? c[i - 1] : 1.f;
-      c[0] = nv > 0 ? c_before : 1.f;
-#pragma unroll
-      for (int i = 0; i < E - 1; ++i) yn[i] = (i + 1 < nv) ? yn[i + 1] : (tf + i + 1 == L ? init : 0.f);
-      yn[E - 1] = (nv == E) ? y_after : yn[E - 1];
+    TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
+    const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile;
+    for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
+      const int64_t t0 = chunk_t0 + tile * kTile;
+      if (t0 >= L) break;
+      const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
+      const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+      float v[E], c[E], yn[E];
+      load_tile_global<T, E, kBackward>(s, L, tf, nv, vm, v, c, yn);
+      scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, vm, v, c, yn);
+      __syncthreads();  // scan_storage, s_vid and s_off are reused by the next tile or item
     }
-    Affine agg{1.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < E; ++i) agg = ComposeOp()(agg, Affine{c[i], v[i]});
-    Affine prefix;
-    BlockScan(scan_storage).ExclusiveScan(agg, prefix, ComposeOp(), carry);
-    float h = prefix.b, h_last = 0.f;
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-      h = fmaf(c[i], h, v[i]);
-      v[i] = h;
-      if (i < nv) h_last = h;
-    }
-    if constexpr (!kBackward) {
-      store_steps<T, E>(y, ls_y, tf, nv, vm >> kOut & 1, v);
-    } else {
-#pragma unroll
-      for (int i = 0; i < E; ++i) yn[i] *= v[i];
-      store_steps<T, E>(slot_ptr<T>(p, kGradIn, s_off[kGradIn]), p.lstride[kGradIn], tf, nv, vm >> kGradIn & 1, v);
-      store_steps<T, E>(slot_ptr<T>(p, kGradCoeff, s_off[kGradCoeff]), p.lstride[kGradCoeff], tf, nv,
-                        vm >> kGradCoeff & 1, yn);
-      if (nv > 0 && tf + nv == L) {  // this thread holds the last step: d initial = c[L-1] * g[L-1]
-        *slot_ptr<T>(p, kGradInit, s_off[kGradInit]) = from_float<T>(to_float(cf[(L - 1) * ls_c]) * h_last);
-      }
-    }
-    __syncthreads();  // scan_storage is reused by the next tile
   }
 }
 
