@@ -35,3 +35,21 @@ for coeffs_shape in [None, (512,)]:
         y.backward(gy)
     print(f"peak over base {(torch.cuda.max_memory_allocated() - base) / T:.3f}T")
     del x, c, gy, y
+
+# Which reduction of a full-size float32 gradient to a (512,) shape allocates what.
+g = torch.randn(8, 4096, 512, device="cuda")
+T = g.numel() * 4
+reductions = {
+    "sum_to_size": lambda: g.sum_to_size(512),
+    "sum(dims)": lambda: g.sum((0, 1)),
+    "view.sum(0)": lambda: g.view(-1, 512).sum(0),
+    "mv": lambda: torch.mv(g.view(-1, 512).t(), torch.ones(g.numel() // 512, device="cuda")),
+}
+for name, fn in reductions.items():
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    r = fn()
+    torch.cuda.synchronize()
+    print(f"{name:12s} peak over base {(torch.cuda.max_memory_allocated() - base) / T:.3f}T")
+    del r

@@ -44,13 +44,7 @@ cudaError_t launch_tile(const ScanParams& p, const ScanPlan& plan, const TileArg
   if constexpr (I < kNumTileConfigs) {
     constexpr TileConfig cfg = tile_config(sizeof(T), I);
     if (plan.config != I) return launch_tile<T, kBackward, I + 1>(p, plan, args, stream);
-    constexpr auto kernel = scan_tile_kernel<T, cfg.elems, cfg.threads, cfg.min_blocks, kBackward>;
-    int64_t grid = plan.grid;
-    if (args.num_chunks == 1) {  // grid-stride over sequences: one wave of resident blocks
-      const cudaError_t err = cap_at_resident<kernel>(cfg.threads, 0, grid);
-      if (err != cudaSuccess) return err;
-    }
-    kernel<<<grid, cfg.threads, 0, stream>>>(p, args);
+    scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
     return cudaGetLastError();
   } else {
     return cudaErrorInvalidConfiguration;

@@ -15,13 +15,8 @@ namespace linrec {
 // size. Every thread moves whole 16-byte vectors, at least two per tensor: with one, the
 // bf16 L=1024 case kept too few bytes in flight (0.78 of torch.add on the H100, against
 // 1.00 for float32 with two).
-//
-// `min_blocks` (resident blocks per SM, a register cap through __launch_bounds__) keeps the
-// configs at the registers they were tuned with: the grid-stride loop over sequences let
-// ptxas pick fewer registers with spills for the 2-byte 32-step configs, or more with lower
-// occupancy for the others.
 struct TileConfig {
-  int elems, threads, min_blocks;
+  int elems, threads;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
 };
 // Smallest tile first. 4-byte: 256 steps for short sequences (no idle threads), 1024 for
@@ -29,9 +24,11 @@ struct TileConfig {
 // The last entry was meant for look-back mode (smaller blocks, more resident per SM), but
 // the 4096-step tile of 256 threads measured faster on few-long (0.63 vs 0.57 of torch.add),
 // so look-back mode defaults to entry 2; entry 3 stays for the override below.
-constexpr TileConfig kTileConfigs4B[] = {{8, 32, 32}, {8, 128, 8}, {16, 256, 4}, {16, 128, 8}};
+// A grid-stride variant (one wave of blocks walking many sequences, to save block launches)
+// measured slower on the H200 (bf16 many-short 0.76 vs 0.80 of torch.add) and was dropped.
+constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}};
 // 2-byte: the same tile sizes with twice the steps per thread.
-constexpr TileConfig kTileConfigs2B[] = {{16, 16, 32}, {16, 64, 16}, {32, 128, 4}, {32, 64, 8}};
+constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {16, 64}, {32, 128}, {32, 64}};
 constexpr int kNumTileConfigs = 4;
 constexpr int kNumSizeTileConfigs = 3;  // chosen by length; the rest by mode
 constexpr TileConfig tile_config(int elem_size, int i) {
@@ -56,10 +53,10 @@ constexpr int kNumChannelConfigs = 4;
 constexpr int kDefaultChannelConfig = 0;
 constexpr int kDefaultTileLookbackConfig = 2;
 
-// Stream kernel configs (elements per thread E, threads per block NT, tiles in flight per
+// Stream kernel configs (elements per thread E, threads per block NT, staged tiles per
 // block), Hopper and later: persistent blocks fed by bulk copies, for long sequences that
-// would otherwise chain register-held tiles by look-back. Every entry moves 16 KB per input
-// and tile in float32 (4096 steps) or 8 KB (2048 steps).
+// would otherwise chain register-held tiles by look-back. A tile is 8 KB or 16 KB per input
+// (2048 or 4096 float32 steps; twice the steps at 2 bytes).
 struct StreamConfig {
   int elems, threads, stages;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
@@ -68,11 +65,14 @@ struct StreamConfig {
     return size_t(stages) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 32);
   }
 };
-// 0: 4096 steps, 3 in flight: 96 KB forward (2 blocks per SM). 1: 2048 steps, 4 in flight:
-// 64 KB forward, 96 KB backward (2 blocks per SM with three inputs). 2: the same tile with
-// 128 threads. 3: 4096 steps, 2 in flight.
-constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 3}, {8, 256, 4}, {16, 128, 4}, {16, 256, 2}};
-constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 3}, {16, 256, 4}, {32, 128, 4}, {32, 256, 2}};
+// A tile stays staged from its copy until it is finished, one tile after the next one is
+// reduced, so stages - 2 tiles are in flight per block while it works.
+// 0: 2048 steps x 6 stages: 96 KB forward (2 blocks per SM), 144 KB backward (1).
+// 1: 2048 steps x 4 stages: 64 KB forward (3 blocks per SM), 96 KB backward (2).
+// 2: 4096 steps x 4 stages: 128 KB forward, 192 KB backward (1 block per SM).
+// 3: 4096 steps x 3 stages: 96 KB forward (2 blocks per SM), 144 KB backward (1).
+constexpr StreamConfig kStreamConfigs4B[] = {{8, 256, 6}, {8, 256, 4}, {16, 256, 4}, {16, 256, 3}};
+constexpr StreamConfig kStreamConfigs2B[] = {{16, 256, 6}, {16, 256, 4}, {32, 256, 4}, {32, 256, 3}};
 constexpr int kNumStreamConfigs = 4;
 constexpr int kDefaultStreamConfig[2] = {0, 1};  // forward, backward
 constexpr StreamConfig stream_config(int elem_size, int i) {
@@ -138,21 +138,19 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int c
       }
     const TileConfig cfg = tile_config(elem_size, plan.config);
     const int64_t tiles = ceil_div(L, cfg.tile());
-    const int64_t resident_blocks = num_sms * (kThreadsPerSM / cfg.threads);  // at most
+    const int64_t resident_blocks = num_sms * (kThreadsPerSM / cfg.threads);
     for (int s = 0; s < kNumSlots; ++s)
       if (s != kInit && s != kGradInit && vectorizable(p, s, elem_size)) plan.vec_mask |= 1u << s;
     const unsigned streamed = (1u << kIn) | (1u << kCoeff) | (p.backward ? 1u << kOut : 0u);
     const int stream_cfg = config_override("TORCH_LINREC_CUDA_STREAM_CONFIG", kDefaultStreamConfig[p.backward],
                                            kNumStreamConfigs);
-    // Enough sequences for two waves: a block walks all tiles of a sequence, then the next
-    // sequence (grid-stride, at most one block per resident slot: short sequences do not pay
-    // a block launch each). Otherwise the tiles of a sequence chain by look-back: in the
-    // stream kernel where the inputs allow bulk copies, else one register-held tile per block.
+    // Enough sequences for two waves: a block walks all tiles of a sequence. Otherwise the
+    // tiles of a sequence chain by look-back: in the stream kernel where the inputs allow bulk
+    // copies, else one register-held tile per block.
     if (tiles == 1 || p.num_seq >= 2 * resident_blocks) {
       plan.num_chunks = 1;
       plan.per_chunk = tiles;
       plan.grid = p.num_seq;
-      plan.grid_capped = true;
     } else if (cc_major >= 9 && stream_cfg >= 0 && (plan.vec_mask & streamed) == streamed) {
       plan.kind = ScanKind::kStream;
       plan.config = stream_cfg;

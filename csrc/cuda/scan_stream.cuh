@@ -149,19 +149,58 @@ __device__ __forceinline__ void stage_tile(const ScanParams& p, int64_t vid, int
   }
 }
 
+// A thread's operands of the tile staged in `st` (from global memory when the tile is partial).
+template <typename T, int E, int NT, int STAGES, bool kBackward>
+__device__ __forceinline__ void load_operands(const T* region, const SeqTensors<T>& s, int64_t L, int64_t t0,
+                                              unsigned vm, float (&v)[E], float (&c)[E], float (&yn)[E]) {
+  using S = StreamShape<T, E, NT, STAGES, kBackward>;
+  const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
+  const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+  if (t0 + S::kTile > L) {
+    load_tile_global<T, E, kBackward>(s, L, tf, nv, vm, v, c, yn);
+    return;
+  }
+  load_staged<T, E, NT, STAGES, kBackward>(region, s.ls_in < 0, v);
+  load_staged<T, E, NT, STAGES, kBackward>(region + S::kRegion, s.ls_c < 0, c);
+  if constexpr (kBackward) {
+    const T* rc = region + S::kRegion;
+    const T* ry = region + 2 * S::kRegion;
+    load_staged<T, E, NT, STAGES, kBackward>(ry, s.ls_y < 0, yn);
+    const int w = threadIdx.x * E;  // walk step of this thread's first element in the tile
+    const float c_before = tf > 0 ? to_float(rc[S::index(w - 1, s.ls_c < 0)]) : 0.f;
+    float y_after = 0.f;
+    if (tf + E < L) {
+      y_after = (threadIdx.x + 1 < NT || t0 + S::kTile + S::kVec <= L) ? to_float(ry[S::index(w + E, s.ls_y < 0)])
+                                                                        : to_float(s.y[(tf + E) * s.ls_y]);
+    }
+    shift_backward_operands<E>(c, yn, c_before, y_after, tf, nv, L, s.init);
+  }
+}
+
+// Each tile goes through two steps one loop iteration apart. Reduce: the tile's aggregate is
+// published as soon as its copy lands (its exclusive prefix within the tile is kept per
+// thread). Finish, one iteration later, after the next tile was reduced: look back, publish
+// the inclusive prefix, replay from the staged operands and store; then the stage is
+// refilled. Publishing aggregates one tile ahead keeps the blocks scanning later tiles of a
+// sequence from waiting on tiles still queued in another block's stages (with reduce and
+// finish in one step, the look-back waits chained: 0.61 of torch.add on few-long, H200).
 template <typename T, int E, int NT, int STAGES, bool kBackward>
 __global__ void __launch_bounds__(NT) scan_stream_kernel(const ScanParams p, const StreamArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
+  static_assert(STAGES >= 2, "a tile stays staged until it is finished, while the next is reduced");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* const staged = reinterpret_cast<T*>(smem_raw);
   __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
   __shared__ __align__(8) uint64_t bar[STAGES];
   __shared__ int64_t s_vid[STAGES];
   __shared__ int64_t s_off[STAGES][kNumSlots];
+  __shared__ Affine s_agg[STAGES];
+  __shared__ float s_state;
 
   const int64_t num_tiles = p.num_seq * args.num_chunks, L = p.len;
   const LookbackState lb = args.lb;
+  const unsigned vm = args.vec_mask;
   int64_t next_vid = 0;  // thread 0: the id the next staged tile gets (fetched one tile ahead)
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; ++st) cuda::ptx::mbarrier_init(&bar[st], 1);
@@ -175,46 +214,62 @@ __global__ void __launch_bounds__(NT) scan_stream_kernel(const ScanParams p, con
     stage_tile<T, E, NT, STAGES, kBackward>(p, vid, num_tiles, staged + st * S::kStreams * S::kRegion, &bar[st],
                                             &s_vid[st], s_off[st]);
   };
+  auto region_of = [&](int st) { return staged + st * S::kStreams * S::kRegion; };
   if (threadIdx.x == 0)
     for (int st = 0; st < STAGES; ++st) stage_next(st);
 
+  Affine pending_prefix{1.f, 0.f};  // this thread's exclusive prefix within the pending tile
+  int pending = -1;                 // stage of the reduced, unfinished tile
   for (int it = 0;; ++it) {
+    // Reduce the tile staged next.
     const int st = it % STAGES;
     while (!cuda::ptx::mbarrier_try_wait_parity(&bar[st], static_cast<uint32_t>((it / STAGES) & 1))) {
     }
     const int64_t vid = s_vid[st];
-    if (vid >= num_tiles) break;  // ids only grow, so no copy is left in flight
-    const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
-    const int64_t t0 = chunk * S::kTile;
-    const SeqTensors<T> s(p, s_off[st], /*load_init=*/chunk == 0 || (kBackward && t0 + S::kTile >= L));
-    const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-    const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
-    float v[E], c[E], yn[E];
-    if (t0 + S::kTile <= L) {
-      const T* region = staged + st * S::kStreams * S::kRegion;
-      load_staged<T, E, NT, STAGES, kBackward>(region, s.ls_in < 0, v);
-      load_staged<T, E, NT, STAGES, kBackward>(region + S::kRegion, s.ls_c < 0, c);
-      if constexpr (kBackward) {
-        const T* rc = region + S::kRegion;
-        const T* ry = region + 2 * S::kRegion;
-        load_staged<T, E, NT, STAGES, kBackward>(ry, s.ls_y < 0, yn);
-        const int w = threadIdx.x * E;  // walk step of this thread's first element in the tile
-        const float c_before = tf > 0 ? to_float(rc[S::index(w - 1, s.ls_c < 0)]) : 0.f;
-        float y_after = 0.f;
-        if (tf + E < L) {
-          y_after = (threadIdx.x + 1 < NT || t0 + S::kTile + S::kVec <= L)
-                        ? to_float(ry[S::index(w + E, s.ls_y < 0)])
-                        : to_float(s.y[(tf + E) * s.ls_y]);
-        }
-        shift_backward_operands<E>(c, yn, c_before, y_after, tf, nv, L, s.init);
+    const bool more = vid < num_tiles;  // ids only grow: past the end, no copy is left in flight
+    Affine prefix{1.f, 0.f};
+    if (more) {
+      const int64_t chunk = vid / p.num_seq, t0 = chunk * S::kTile;
+      const SeqTensors<T> s(p, s_off[st], /*load_init=*/chunk == 0 || (kBackward && t0 + S::kTile >= L));
+      float v[E], c[E], yn[E];
+      load_operands<T, E, NT, STAGES, kBackward>(region_of(st), s, L, t0, vm, v, c, yn);
+      Affine agg;
+      cub::BlockScan<Affine, NT>(scan_storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, Affine{1.f, 0.f},
+                                                             ComposeOp(), agg);
+      if (threadIdx.x == 0) {
+        s_agg[st] = agg;
+        if (chunk == 0) lb.publish_inclusive(vid, fmaf(agg.a, kBackward ? 0.f : s.init, agg.b));
+        else lb.publish_aggregate(vid, agg);
       }
-    } else {
-      load_tile_global<T, E, kBackward>(s, L, tf, nv, args.vec_mask, v, c, yn);
     }
-    __syncthreads();  // stage st is consumed: refill it while this tile is scanned
-    if (threadIdx.x == 0) stage_next(st);
-    TileCarry carry{kBackward ? 0.f : s.init, true, lb, seq, p.num_seq, chunk, vid};
-    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, args.vec_mask, v, c, yn);
+    // Finish the pending tile.
+    if (pending >= 0) {
+      const int64_t pvid = s_vid[pending];
+      const int64_t chunk = pvid / p.num_seq, seq = pvid - chunk * p.num_seq, t0 = chunk * S::kTile;
+      const SeqTensors<T> s(p, s_off[pending], /*load_init=*/chunk == 0 || (kBackward && t0 + S::kTile >= L));
+      if (threadIdx.x < 32) {
+        float h_in = kBackward ? 0.f : s.init;
+        if (chunk > 0) {
+          h_in = lb.warp_look_back(seq, p.num_seq, chunk);
+          if (threadIdx.x == 0) lb.publish_inclusive(pvid, fmaf(s_agg[pending].a, h_in, s_agg[pending].b));
+        }
+        if (threadIdx.x == 0) s_state = h_in;
+      }
+      __syncthreads();
+      const float h_in = s_state;
+      const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
+      const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+      float v[E], c[E], yn[E];
+      load_operands<T, E, NT, STAGES, kBackward>(region_of(pending), s, L, t0, vm, v, c, yn);
+      replay_and_store<T, E, kBackward>(s, L, tf, nv, vm, fmaf(pending_prefix.a, h_in, pending_prefix.b), v, c,
+                                        yn);
+      __syncthreads();  // the pending stage is consumed (and s_state read): refill it
+      if (threadIdx.x == 0) stage_next(pending);
+    }
+    if (!more) break;
+    if (pending < 0) __syncthreads();  // scan_storage is reused by the next reduce
+    pending = st;
+    pending_prefix = prefix;
   }
 #else
   __trap();  // planned only on compute capability >= 9.0

@@ -152,20 +152,11 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
   }
 }
 
-// Scans a tile whose operands are in registers: each thread reduces its E steps to one
-// affine map, cub::BlockScan (with `carry` as prefix callback) gives its exclusive prefix,
-// and the thread replays its steps from there and stores them.
-template <typename T, int E, int NT, bool kBackward>
-__device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
-                                                    TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
-                                                    int nv, unsigned vm, float (&v)[E], const float (&c)[E],
-                                                    float (&yn)[E]) {
-  Affine agg{1.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < E; ++i) agg = ComposeOp()(agg, Affine{c[i], v[i]});
-  Affine prefix;
-  cub::BlockScan<Affine, NT>(storage).ExclusiveScan(agg, prefix, ComposeOp(), carry);
-  float h = prefix.b, h_last = 0.f;
+// Replays a thread's steps from the state `h` before them and stores the outputs.
+template <typename T, int E, bool kBackward>
+__device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
+                                                 float h, float (&v)[E], const float (&c)[E], float (&yn)[E]) {
+  float h_last = 0.f;
 #pragma unroll
   for (int i = 0; i < E; ++i) {
     h = fmaf(c[i], h, v[i]);
@@ -184,42 +175,60 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
   }
 }
 
-// Without look-back a block walks all tiles of a sequence and then takes the next sequence
-// (grid-stride), so short sequences do not pay one block launch each. With look-back
-// (num_chunks > 1) a block scans one tile, chained to its predecessors across blocks.
-template <typename T, int E, int NT, int MIN_BLOCKS, bool kBackward>
-__global__ void __launch_bounds__(NT, kBackward ? (MIN_BLOCKS + 1) / 2 : MIN_BLOCKS) scan_tile_kernel(const ScanParams p, const TileArgs args) {
+// The affine map of a thread's E steps.
+template <int E>
+__device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const float (&c)[E]) {
+  Affine agg{1.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < E; ++i) agg = ComposeOp()(agg, Affine{c[i], v[i]});
+  return agg;
+}
+
+// Scans a tile whose operands are in registers: each thread reduces its E steps to one
+// affine map, cub::BlockScan (with `carry` as prefix callback) gives its exclusive prefix,
+// and the thread replays its steps from there and stores them.
+template <typename T, int E, int NT, bool kBackward>
+__device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
+                                                    TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
+                                                    int nv, unsigned vm, float (&v)[E], const float (&c)[E],
+                                                    float (&yn)[E]) {
+  Affine prefix;
+  cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
+  replay_and_store<T, E, kBackward>(s, L, tf, nv, vm, prefix.b, v, c, yn);
+}
+
+// One block per sequence (all its tiles, one after the other) or, with look-back
+// (num_chunks > 1), one block per tile, chained to its predecessors across blocks.
+template <typename T, int E, int NT, bool kBackward>
+__global__ void __launch_bounds__(NT, kBackward ? 1 : 0) scan_tile_kernel(const ScanParams p, const TileArgs args) {
   constexpr int kTile = E * NT;
   __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
   __shared__ int64_t s_vid;
   __shared__ int64_t s_off[kNumSlots];
 
   const bool lookback = args.num_chunks > 1;
-  const int64_t num_items = p.num_seq * args.num_chunks;
+  if (threadIdx.x == 0) s_vid = lookback ? static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)) : blockIdx.x;
+  __syncthreads();
+  const int64_t vid = s_vid;
+  // Chunk-major order: all sequences' chunk k start before any chunk k+1, keeping look-back short.
+  const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
+  if (threadIdx.x < kNumSlots) s_off[threadIdx.x] = SeqIndex(p, seq).offset(p, threadIdx.x);
+  __syncthreads();
+  const SeqTensors<T> s(p, s_off);
   const int64_t L = p.len;
   const unsigned vm = args.vec_mask;
-  for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-    if (threadIdx.x == 0) s_vid = lookback ? static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)) : item;
-    __syncthreads();
-    const int64_t vid = s_vid;
-    // Chunk-major order: all sequences' chunk k start before any chunk k+1, keeping look-back short.
-    const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
-    if (threadIdx.x < kNumSlots) s_off[threadIdx.x] = SeqIndex(p, seq).offset(p, threadIdx.x);
-    __syncthreads();
-    const SeqTensors<T> s(p, s_off);
 
-    TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
-    const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile;
-    for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
-      const int64_t t0 = chunk_t0 + tile * kTile;
-      if (t0 >= L) break;
-      const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-      const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
-      float v[E], c[E], yn[E];
-      load_tile_global<T, E, kBackward>(s, L, tf, nv, vm, v, c, yn);
-      scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, vm, v, c, yn);
-      __syncthreads();  // scan_storage, s_vid and s_off are reused by the next tile or item
-    }
+  TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
+  const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile;
+  for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
+    const int64_t t0 = chunk_t0 + tile * kTile;
+    if (t0 >= L) break;
+    const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
+    const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+    float v[E], c[E], yn[E];
+    load_tile_global<T, E, kBackward>(s, L, tf, nv, vm, v, c, yn);
+    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, vm, v, c, yn);
+    __syncthreads();  // scan_storage is reused by the next tile
   }
 }
 
