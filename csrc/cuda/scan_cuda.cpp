@@ -35,7 +35,7 @@ void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& de
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   const ScanPlan plan =
       plan_scan(p, static_cast<int>(c10::elementSize(dtype)), prop->multiProcessorCount, prop->major);
-  TORCH_CHECK(plan.grid_capped || plan.grid <= std::numeric_limits<int32_t>::max(), "linrec.scan: ", std::to_string(p.num_seq),
+  TORCH_CHECK(plan.grid <= std::numeric_limits<int32_t>::max(), "linrec.scan: ", std::to_string(p.num_seq),
               " sequences of length ", std::to_string(p.len), " need ", std::to_string(plan.grid),
               " blocks, more than a CUDA grid holds");
   at::Tensor workspace;

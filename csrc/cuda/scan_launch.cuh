@@ -21,24 +21,6 @@ inline LookbackState lookback_state(const ScanPlan& plan, void* workspace) {
   return lb;
 }
 
-// Caps `grid` at the blocks of `kernel` resident on the current device at once (the
-// occupancy is computed once per kernel: one GPU architecture per process is assumed).
-template <auto kKernel>
-cudaError_t cap_at_resident(int threads, size_t smem, int64_t& grid) {
-  static int per_sm = 0;
-  cudaError_t err;
-  if (per_sm == 0) {
-    int n = 0;
-    if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem)) != cudaSuccess) return err;
-    per_sm = n > 0 ? n : 1;
-  }
-  int device = 0, num_sms = 0;
-  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
-  if ((err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
-  grid = std::min<int64_t>(grid, int64_t(num_sms) * per_sm);
-  return cudaSuccess;
-}
-
 template <typename T, bool kBackward, int I = 0>
 cudaError_t launch_tile(const ScanParams& p, const ScanPlan& plan, const TileArgs& args, cudaStream_t stream) {
   if constexpr (I < kNumTileConfigs) {
@@ -64,7 +46,6 @@ cudaError_t launch_channel(const ScanParams& p, const ScanPlan& plan, const Chan
   }
 }
 
-// Persistent grid: as many blocks as fit on the device at once (at most one per tile).
 template <typename T, bool kBackward, int I = 0>
 cudaError_t launch_stream(const ScanParams& p, const ScanPlan& plan, const StreamArgs& args, cudaStream_t stream) {
   if constexpr (I < kNumStreamConfigs) {
@@ -74,9 +55,7 @@ cudaError_t launch_stream(const ScanParams& p, const ScanPlan& plan, const Strea
     constexpr size_t smem = cfg.smem_bytes(sizeof(T), kBackward);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
-    int64_t grid = plan.grid;
-    if ((err = cap_at_resident<kernel>(cfg.threads, smem, grid)) != cudaSuccess) return err;
-    kernel<<<grid, cfg.threads, smem, stream>>>(p, args);
+    kernel<<<plan.grid, cfg.threads, smem, stream>>>(p, args);
     return cudaGetLastError();
   } else {
     return cudaErrorInvalidConfiguration;

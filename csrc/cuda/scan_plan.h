@@ -54,9 +54,10 @@ constexpr int kDefaultChannelConfig = 0;
 constexpr int kDefaultTileLookbackConfig = 2;
 
 // Stream kernel configs (elements per thread E, threads per block NT, staged tiles per
-// block), Hopper and later: persistent blocks fed by bulk copies, for long sequences that
-// would otherwise chain register-held tiles by look-back. A tile is 8 KB or 16 KB per input
-// (2048 or 4096 float32 steps; twice the steps at 2 bytes).
+// block), Hopper and later: a block per sequence fed by bulk copies STAGES tiles ahead. A tile
+// is 8 KB or 16 KB per input (2048 or 4096 float32 steps; twice the steps at 2 bytes); one
+// block per SM needs about 55 KB in flight to keep the H200's 4.8 TB/s busy at ~1.5 us of
+// latency (Little's law over 132 SMs).
 struct StreamConfig {
   int elems, threads, stages;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
@@ -65,14 +66,10 @@ struct StreamConfig {
     return size_t(stages) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 32);
   }
 };
-// A tile stays staged from its copy until it is finished, one tile after the next one is
-// reduced, so stages - 2 tiles are in flight per block while it works.
-// 0: 2048 steps x 6 stages: 96 KB forward (2 blocks per SM), 144 KB backward (1).
-// 1: 2048 steps x 4 stages: 64 KB forward (3 blocks per SM), 96 KB backward (2).
-// 2: 4096 steps x 4 stages: 128 KB forward, 192 KB backward (1 block per SM).
-// 3: 4096 steps x 3 stages: 96 KB forward (2 blocks per SM), 144 KB backward (1).
-constexpr StreamConfig kStreamConfigs4B[] = {{8, 256, 6}, {8, 256, 4}, {16, 256, 4}, {16, 256, 3}};
-constexpr StreamConfig kStreamConfigs2B[] = {{16, 256, 6}, {16, 256, 4}, {32, 256, 4}, {32, 256, 3}};
+// 0: 16 KB tiles x 4: 128 KB forward, 192 KB backward. 1: 16 KB x 3: 96 KB forward (two
+// blocks fit an SM), 144 KB backward. 2: 8 KB x 6: 96 KB / 144 KB. 3: 8 KB x 4: 64 KB / 96 KB.
+constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 4}, {16, 256, 3}, {8, 256, 6}, {8, 256, 4}};
+constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 4}, {32, 256, 3}, {16, 256, 6}, {16, 256, 4}};
 constexpr int kNumStreamConfigs = 4;
 constexpr int kDefaultStreamConfig[2] = {0, 1};  // forward, backward
 constexpr StreamConfig stream_config(int elem_size, int i) {
@@ -97,10 +94,10 @@ enum class ScanKind : int { kTile = 0, kChannel = 1, kStream = 2 };
 struct ScanPlan {
   ScanKind kind;
   int config;              // index into the tile, channel or stream configs
-  int64_t num_chunks;      // blocks per sequence along the scan; > 1 means decoupled look-back
+  int64_t num_chunks;      // tile and channel kernels: blocks per sequence along the scan (> 1: look-back);
+                           // stream kernel: tiles per sequence
   int64_t per_chunk;       // tiles (tile kernel) or spans (channel kernel) each block walks
-  int64_t grid;            // blocks, or work items where the kernel loops (see grid_capped)
-  bool grid_capped;        // the launcher caps `grid` at the resident blocks
+  int64_t grid;            // blocks
   unsigned vec_mask;       // tile and stream kernels: slots that take 16-byte vector accesses
   size_t workspace_bytes;  // look-back status (0 without look-back)
   size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
@@ -144,21 +141,21 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int c
     const unsigned streamed = (1u << kIn) | (1u << kCoeff) | (p.backward ? 1u << kOut : 0u);
     const int stream_cfg = config_override("TORCH_LINREC_CUDA_STREAM_CONFIG", kDefaultStreamConfig[p.backward],
                                            kNumStreamConfigs);
-    // Enough sequences for two waves: a block walks all tiles of a sequence. Otherwise the
-    // tiles of a sequence chain by look-back: in the stream kernel where the inputs allow bulk
-    // copies, else one register-held tile per block.
+    plan.grid = p.num_seq;
     if (tiles == 1 || p.num_seq >= 2 * resident_blocks) {
+      // Enough sequences for two waves of blocks: a block walks all tiles of a sequence,
+      // the other resident blocks hide its latency.
       plan.num_chunks = 1;
       plan.per_chunk = tiles;
-      plan.grid = p.num_seq;
-    } else if (cc_major >= 9 && stream_cfg >= 0 && (plan.vec_mask & streamed) == streamed) {
+    } else if (p.num_seq >= num_sms && cc_major >= 9 && stream_cfg >= 0 && (plan.vec_mask & streamed) == streamed) {
+      // A block per SM or more: each walks its sequence with bulk copies in flight.
       plan.kind = ScanKind::kStream;
       plan.config = stream_cfg;
       plan.num_chunks = ceil_div(L, stream_config(elem_size, stream_cfg).tile());
-      plan.per_chunk = 1;
-      plan.grid = p.num_seq * plan.num_chunks;
-      plan.grid_capped = true;
+      plan.per_chunk = plan.num_chunks;
     } else {
+      // Fewer sequences than SMs (or no bulk copies): one tile per block, tiles of a sequence
+      // chained by look-back.
       plan.config = config_override("TORCH_LINREC_CUDA_TILE_LOOKBACK_CONFIG", kDefaultTileLookbackConfig,
                                     kNumTileConfigs);
       if (plan.config < 0) plan.config = kDefaultTileLookbackConfig;
@@ -185,7 +182,8 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int c
     }
     plan.grid = seq_blocks * plan.num_chunks;
   }
-  if (plan.num_chunks > 1) {  // look-back: a counter, then two status words per (sequence, chunk)
+  if (plan.num_chunks > 1 && plan.kind != ScanKind::kStream) {
+    // look-back: a counter, then two status words per (sequence, chunk)
     plan.workspace_bytes = 16 + static_cast<size_t>(p.num_seq * plan.num_chunks) * 16;
     plan.zeroed_bytes = plan.workspace_bytes;
   }

@@ -1,19 +1,22 @@
-// Stream kernel (Hopper): long sequences with the scanned dim innermost and 16-byte aligned,
-// e.g. (N, L) with few sequences and L >> tile.
+// Stream kernel (Hopper): sequences with the scanned dim innermost and 16-byte aligned, as
+// many as the GPU has SMs or a few times more, each longer than a tile, e.g. (128, 2^20).
 //
-// The tile kernel in look-back mode holds a block's whole tile in registers while warp 0
-// waits on its predecessors, so the SM has no loads in flight during the wait (0.63 of
-// torch.add on 128 x 2^20 float32, H100). Here a persistent block keeps STAGES tiles in
-// flight: thread 0 takes tile ids from the global counter (chunk-major, as the tile kernel)
-// and fetches each tile of every input with one bulk copy (cp.async.bulk, completion on a
-// shared-memory mbarrier); the block scans the oldest staged tile - registers from shared
-// memory, cub::BlockScan, decoupled look-back - while the next tiles stream in. A block
-// scans its tiles in the order it took them, so every wait is on a tile taken earlier,
-// whose block makes progress: the look-back cannot deadlock.
+// One block walks one sequence, tile after tile, with the state carried in registers (no
+// look-back). Its loads are decoupled from its work: thread 0 fetches each tile of every
+// input with one bulk copy (cp.async.bulk, completion on a shared-memory mbarrier) STAGES
+// tiles ahead, while the block scans the oldest staged tile: registers from shared memory,
+// cub::BlockScan with the carried state as prefix, replay, stores. (The tile kernel keeps a
+// tile in registers and has nothing in flight while it scans; with too few sequences for
+// many resident blocks it cannot hide the load latency.)
 //
 // The backward also needs c[t-1] and y[t+1] across the tile edges: the copies of c and y
 // carry a 16-byte halo before / after the tile (where it lies inside the sequence).
 // The last tile of a sequence, when partial, is read straight from global memory.
+//
+// A look-back variant (persistent blocks taking tiles of few long sequences in chunk-major
+// order, tiles chained by decoupled look-back) measured slower on the H200 than the tile
+// kernel's register-held look-back (0.42-0.61 vs 0.56-0.69 of torch.add on few-long), with
+// aggregates published on landing or at scan time, and was dropped.
 #pragma once
 #include <cuda/ptx>
 
@@ -24,7 +27,7 @@ namespace linrec {
 struct StreamArgs {
   int64_t num_chunks;  // tiles per sequence
   unsigned vec_mask;   // slots that take 16-byte vector accesses (every streamed input does)
-  LookbackState lb;
+  LookbackState lb;    // unused (no look-back): TileCarry's type only
 };
 
 template <typename T, int E, int NT, int STAGES, bool kBackward>
@@ -177,99 +180,50 @@ __device__ __forceinline__ void load_operands(const T* region, const SeqTensors<
   }
 }
 
-// Each tile goes through two steps one loop iteration apart. Reduce: the tile's aggregate is
-// published as soon as its copy lands (its exclusive prefix within the tile is kept per
-// thread). Finish, one iteration later, after the next tile was reduced: look back, publish
-// the inclusive prefix, replay from the staged operands and store; then the stage is
-// refilled. Publishing aggregates one tile ahead keeps the blocks scanning later tiles of a
-// sequence from waiting on tiles still queued in another block's stages (with reduce and
-// finish in one step, the look-back waits chained: 0.61 of torch.add on few-long, H200).
 template <typename T, int E, int NT, int STAGES, bool kBackward>
-__global__ void __launch_bounds__(NT) scan_stream_kernel(const ScanParams p, const StreamArgs args) {
+__global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, const StreamArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
-  static_assert(STAGES >= 2, "a tile stays staged until it is finished, while the next is reduced");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* const staged = reinterpret_cast<T*>(smem_raw);
   __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
   __shared__ __align__(8) uint64_t bar[STAGES];
   __shared__ int64_t s_vid[STAGES];
   __shared__ int64_t s_off[STAGES][kNumSlots];
-  __shared__ Affine s_agg[STAGES];
-  __shared__ float s_state;
 
-  const int64_t num_tiles = p.num_seq * args.num_chunks, L = p.len;
-  const LookbackState lb = args.lb;
-  const unsigned vm = args.vec_mask;
-  int64_t next_vid = 0;  // thread 0: the id the next staged tile gets (fetched one tile ahead)
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < STAGES; ++st) cuda::ptx::mbarrier_init(&bar[st], 1);
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-    next_vid = static_cast<int64_t>(atomicAdd(lb.counter, 1ull));
-  }
-  __syncthreads();
-  auto stage_next = [&](int st) {  // thread 0 only
-    const int64_t vid = next_vid;
-    next_vid = static_cast<int64_t>(atomicAdd(lb.counter, 1ull));
+  const int64_t seq = blockIdx.x, num_tiles = p.num_seq * args.num_chunks, L = p.len;
+  int64_t next_tile = 0;  // thread 0: the tile of this sequence staged next
+  auto stage_next = [&](int st) {
+    const int64_t vid = next_tile < args.num_chunks ? next_tile * p.num_seq + seq : num_tiles;
+    ++next_tile;
     stage_tile<T, E, NT, STAGES, kBackward>(p, vid, num_tiles, staged + st * S::kStreams * S::kRegion, &bar[st],
                                             &s_vid[st], s_off[st]);
   };
-  auto region_of = [&](int st) { return staged + st * S::kStreams * S::kRegion; };
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < STAGES; ++st) cuda::ptx::mbarrier_init(&bar[st], 1);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
     for (int st = 0; st < STAGES; ++st) stage_next(st);
+  }
+  __syncthreads();
 
-  Affine pending_prefix{1.f, 0.f};  // this thread's exclusive prefix within the pending tile
-  int pending = -1;                 // stage of the reduced, unfinished tile
+  TileCarry carry{0.f, false, args.lb, seq, p.num_seq, 0, 0};
   for (int it = 0;; ++it) {
-    // Reduce the tile staged next.
     const int st = it % STAGES;
     while (!cuda::ptx::mbarrier_try_wait_parity(&bar[st], static_cast<uint32_t>((it / STAGES) & 1))) {
     }
     const int64_t vid = s_vid[st];
-    const bool more = vid < num_tiles;  // ids only grow: past the end, no copy is left in flight
-    Affine prefix{1.f, 0.f};
-    if (more) {
-      const int64_t chunk = vid / p.num_seq, t0 = chunk * S::kTile;
-      const SeqTensors<T> s(p, s_off[st], /*load_init=*/chunk == 0 || (kBackward && t0 + S::kTile >= L));
-      float v[E], c[E], yn[E];
-      load_operands<T, E, NT, STAGES, kBackward>(region_of(st), s, L, t0, vm, v, c, yn);
-      Affine agg;
-      cub::BlockScan<Affine, NT>(scan_storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, Affine{1.f, 0.f},
-                                                             ComposeOp(), agg);
-      if (threadIdx.x == 0) {
-        s_agg[st] = agg;
-        if (chunk == 0) lb.publish_inclusive(vid, fmaf(agg.a, kBackward ? 0.f : s.init, agg.b));
-        else lb.publish_aggregate(vid, agg);
-      }
-    }
-    // Finish the pending tile.
-    if (pending >= 0) {
-      const int64_t pvid = s_vid[pending];
-      const int64_t chunk = pvid / p.num_seq, seq = pvid - chunk * p.num_seq, t0 = chunk * S::kTile;
-      const SeqTensors<T> s(p, s_off[pending], /*load_init=*/chunk == 0 || (kBackward && t0 + S::kTile >= L));
-      if (threadIdx.x < 32) {
-        float h_in = kBackward ? 0.f : s.init;
-        if (chunk > 0) {
-          h_in = lb.warp_look_back(seq, p.num_seq, chunk);
-          if (threadIdx.x == 0) lb.publish_inclusive(pvid, fmaf(s_agg[pending].a, h_in, s_agg[pending].b));
-        }
-        if (threadIdx.x == 0) s_state = h_in;
-      }
-      __syncthreads();
-      const float h_in = s_state;
-      const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-      const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
-      float v[E], c[E], yn[E];
-      load_operands<T, E, NT, STAGES, kBackward>(region_of(pending), s, L, t0, vm, v, c, yn);
-      replay_and_store<T, E, kBackward>(s, L, tf, nv, vm, fmaf(pending_prefix.a, h_in, pending_prefix.b), v, c,
-                                        yn);
-      __syncthreads();  // the pending stage is consumed (and s_state read): refill it
-      if (threadIdx.x == 0) stage_next(pending);
-    }
-    if (!more) break;
-    if (pending < 0) __syncthreads();  // scan_storage is reused by the next reduce
-    pending = st;
-    pending_prefix = prefix;
+    if (vid >= num_tiles) break;  // the sequence is done and no copy is left in flight
+    const int64_t t0 = (vid / p.num_seq) * S::kTile;
+    const SeqTensors<T> s(p, s_off[st], /*load_init=*/t0 == 0 || (kBackward && t0 + S::kTile >= L));
+    if (t0 == 0) carry.carry = kBackward ? 0.f : s.init;
+    const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
+    const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+    float v[E], c[E], yn[E];
+    load_operands<T, E, NT, STAGES, kBackward>(staged + st * S::kStreams * S::kRegion, s, L, t0, args.vec_mask, v,
+                                               c, yn);
+    __syncthreads();  // stage st is consumed (and scan_storage free): refill it while this tile is scanned
+    if (threadIdx.x == 0) stage_next(st);
+    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, args.vec_mask, v, c, yn);
   }
 #else
   __trap();  // planned only on compute capability >= 9.0
