@@ -169,8 +169,13 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(
   TORCH_CHECK(grad_y.scalar_type() == y.scalar_type() && grad_y.device() == y.device(),
               "linrec.scan_backward: grad_y must have the dtype and device of y (", dt(y.scalar_type()), ", ",
               dev(y.device()), "), got ", dt(grad_y.scalar_type()), ", ", dev(grad_y.device()));
+  // Broadcast coeffs: on CUDA the kernels add their gradient into a float32 buffer of the
+  // coeffs' shape (no full-size temporary); elsewhere it is computed full size and reduced.
+  const bool broadcast_c = coeffs.sizes() != y.sizes();
+  const bool accumulate = broadcast_c && y.is_cuda();
   Tensor grad_x = at::empty_like(y);
-  Tensor grad_c = at::empty_like(y);
+  Tensor grad_c = accumulate ? at::zeros(coeffs.sizes(), y.options().dtype(at::kFloat)) : at::empty_like(y);
+  const Tensor grad_c_view = accumulate ? grad_c.expand(y.sizes()) : grad_c;
   Tensor grad_h0 = at::empty(batch_shape(y, d), y.options());
   if (y.size(d) == 0) {
     grad_h0.zero_();
@@ -183,12 +188,15 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(
     s.t[kOut] = &y;
     if (h0) s.t[kInit] = &*h0;
     s.t[kGradIn] = &grad_x;
-    s.t[kGradCoeff] = &grad_c;
+    s.t[kGradCoeff] = &grad_c_view;
     s.t[kGradInit] = &grad_h0;
     // The vector-Jacobian product is a scan in the opposite direction.
-    launch(make_params(s, d, !reverse, /*backward=*/true), y.scalar_type(), y.device());
+    ScanParams p = make_params(s, d, !reverse, /*backward=*/true);
+    p.accumulate_grad_coeff = accumulate;
+    launch(p, y.scalar_type(), y.device());
   }
-  if (coeffs.sizes() != y.sizes()) grad_c = grad_c.sum_to_size(coeffs.sizes());
+  if (accumulate) grad_c = grad_c.to(y.scalar_type());
+  else if (broadcast_c) grad_c = grad_c.sum_to_size(coeffs.sizes());
   return {grad_x, grad_c, grad_h0};
 }
 

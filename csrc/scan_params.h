@@ -26,6 +26,9 @@ struct ScanParams {
   int64_t num_seq;                             // product of bsize: independent sequences
   int64_t len;                                 // scan length L
   bool backward;                               // forward scan or its vector-Jacobian product
+  // Backward with broadcast coeffs (CUDA): kGradCoeff is a float32 buffer of the coeffs'
+  // shape, expanded (stride 0 where coeffs broadcast), that the kernel adds into atomically.
+  bool accumulate_grad_coeff;
 };
 
 // Offset (elements) of sequence `seq` in slot `slot`: mixed-radix decomposition of the

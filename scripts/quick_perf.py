@@ -10,20 +10,25 @@ CASES = [("many-short", (131072, 1024), -1, torch.float32), ("few-long", (128, 2
          ("very-few-long", (16, 2**22), -1, torch.float32), ("mamba-BLD", (8, 4096, 4096), 1, torch.float32),
          ("bf16-many-short", (131072, 1024), -1, torch.bfloat16), ("bf16-mamba-BLD", (8, 4096, 4096), 1, torch.bfloat16),
          ("small-call", (1, 1024, 2048), 1, torch.float32)]
-sel = sys.argv[1:]
-for name, shape, dim, dt in CASES:
-    if sel and name not in sel:
-        continue
-    x = torch.randn(shape, device="cuda", dtype=dt)
-    c = (torch.rand(shape, device="cuda", dtype=dt) * 0.5 + 0.5)
-    g = torch.randn(shape, device="cuda", dtype=dt)
-    t_add = do_bench(lambda: torch.add(x, c), warmup=25, rep=100, return_mode="median")
-    t_f = do_bench(lambda: torch.ops.linrec.scan(x, c, None, dim, False), warmup=25, rep=100, return_mode="median")
-    y = torch.ops.linrec.scan(x, c, None, dim, False)
-    t_b = do_bench(lambda: torch.ops.linrec.scan_backward(g, c, y, None, dim, False), warmup=25, rep=100,
-                   return_mode="median")
-    nb = x.numel() * x.element_size()
-    print(f"{name:16s} add {t_add:.4f}ms  fwd {t_f:.4f}ms ({3*nb/t_f/1e6:.0f} GB/s, ratio {t_add/t_f:.2f})  "
-          f"bwd {t_b:.4f}ms ({5*nb/t_b/1e6:.0f} GB/s)  fwd+bwd ratio {8/3*t_add/(t_f+t_b):.2f}", flush=True)
-    del x, c, g, y
-    torch.cuda.empty_cache()
+def main():
+    sel = sys.argv[1:]
+    for name, shape, dim, dt in CASES:
+        if sel and name not in sel:
+            continue
+        x = torch.randn(shape, device="cuda", dtype=dt)
+        c = (torch.rand(shape, device="cuda", dtype=dt) * 0.5 + 0.5)
+        g = torch.randn(shape, device="cuda", dtype=dt)
+        t_add = do_bench(lambda: torch.add(x, c), warmup=25, rep=100, return_mode="median")
+        t_f = do_bench(lambda: torch.ops.linrec.scan(x, c, None, dim, False), warmup=25, rep=100, return_mode="median")
+        y = torch.ops.linrec.scan(x, c, None, dim, False)
+        t_b = do_bench(lambda: torch.ops.linrec.scan_backward(g, c, y, None, dim, False), warmup=25, rep=100,
+                       return_mode="median")
+        nb = x.numel() * x.element_size()
+        print(f"{name:16s} add {t_add:.4f}ms  fwd {t_f:.4f}ms ({3*nb/t_f/1e6:.0f} GB/s, ratio {t_add/t_f:.2f})  "
+              f"bwd {t_b:.4f}ms ({5*nb/t_b/1e6:.0f} GB/s)  fwd+bwd ratio {8/3*t_add/(t_f+t_b):.2f}", flush=True)
+        del x, c, g, y
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

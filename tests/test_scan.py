@@ -266,7 +266,8 @@ def test_blocked_reference_matches_loop_reference(device):
 def test_repeated_runs_agree(case, device):
     """Catches races. The single-block paths are bitwise reproducible; the CUDA multi-block paths
     chain blocks by decoupled look-back, whose association order depends on timing (as in CUB's
-    DeviceScan), so runs may differ by float32 rounding, never more: a race would show as O(1)."""
+    DeviceScan), and add broadcast coeffs' gradient atomically, so runs may differ by float32
+    rounding, never more: a race would show as O(1)."""
     x, c, h0, dim = _long_case(case, device, torch.float32)
     cb = c.narrow(dim, 0, 1)  # broadcast coeffs: grad_coeffs goes through a reduction too
     problems = []

@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   const int64_t L = p.len, ls_in = p.lstride[kIn], ls_c = p.lstride[kCoeff], ls_y = p.lstride[kOut];
   const float init = h0 ? to_float(*h0) : 0.f;
   T* dx = slot_ptr<T>(p, kGradIn, si.offset(p, kGradIn));  // backward outputs (null in the forward)
-  T* dc = slot_ptr<T>(p, kGradCoeff, si.offset(p, kGradCoeff));
+  T* dc = p.accumulate_grad_coeff ? nullptr : slot_ptr<T>(p, kGradCoeff, si.offset(p, kGradCoeff));
+  float* dc_acc = p.accumulate_grad_coeff ? slot_ptr<float>(p, kGradCoeff, si.offset(p, kGradCoeff)) : nullptr;
   const int64_t ls_dx = p.lstride[kGradIn], ls_dc = p.lstride[kGradCoeff];
 
   float state = kBackward ? 0.f : init;  // warp 0: state before the next span (pipe mode)
@@ -110,10 +111,15 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
     } else {
 #pragma unroll
       for (int i = 0; i < CH; ++i) {
-        if (i < n) {
-          dx[(t0 + i) * ls_dx] = from_float<T>(v[i]);
-          dc[(t0 + i) * ls_dc] = from_float<T>(v[i] * yn[i]);
-        }
+        yn[i] *= v[i];
+        if (i < n) dx[(t0 + i) * ls_dx] = from_float<T>(v[i]);
+      }
+      if (dc_acc) {
+        accumulate_steps<CH>(dc_acc, ls_dc, t0, n, yn, /*warp_uniform_address=*/false);
+      } else {
+#pragma unroll
+        for (int i = 0; i < CH; ++i)
+          if (i < n) dc[(t0 + i) * ls_dc] = from_float<T>(yn[i]);
       }
       if (n > 0 && t0 + n == L)  // d initial = c[L-1] * g[L-1]
         *slot_ptr<T>(p, kGradInit, si.offset(p, kGradInit)) = from_float<T>(to_float(cf[(L - 1) * ls_c]) * h_last);

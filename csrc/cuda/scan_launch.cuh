@@ -26,7 +26,7 @@ cudaError_t launch_tile(const ScanParams& p, const ScanPlan& plan, const TileArg
   if constexpr (I < kNumTileConfigs) {
     constexpr TileConfig cfg = tile_config(sizeof(T), I);
     if (plan.config != I) return launch_tile<T, kBackward, I + 1>(p, plan, args, stream);
-    scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+    scan_tile_kernel<T, cfg.elems, cfg.threads, cfg.bounds, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
     return cudaGetLastError();
   } else {
     return cudaErrorInvalidConfiguration;
@@ -51,7 +51,7 @@ cudaError_t launch_stream(const ScanParams& p, const ScanPlan& plan, const Strea
   if constexpr (I < kNumStreamConfigs) {
     constexpr StreamConfig cfg = stream_config(sizeof(T), I);
     if (plan.config != I) return launch_stream<T, kBackward, I + 1>(p, plan, args, stream);
-    constexpr auto kernel = scan_stream_kernel<T, cfg.elems, cfg.threads, cfg.stages, kBackward>;
+    constexpr auto kernel = scan_stream_kernel<T, cfg.elems, cfg.threads, cfg.stages(kBackward), kBackward>;
     constexpr size_t smem = cfg.smem_bytes(sizeof(T), kBackward);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;

@@ -15,8 +15,12 @@ namespace linrec {
 // size. Every thread moves whole 16-byte vectors, at least two per tensor: with one, the
 // bf16 L=1024 case kept too few bytes in flight (0.78 of torch.add on the H100, against
 // 1.00 for float32 with two).
+//
+// `bounds`: the minimum-blocks argument of the forward kernel's __launch_bounds__ (0: none;
+// the backward always passes 1). It only steers ptxas' register target: with none, the
+// 2-byte 32-step forward spilled after the tile stores moved through shared memory.
 struct TileConfig {
-  int elems, threads;
+  int elems, threads, bounds;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
 };
 // Smallest tile first. 4-byte: 256 steps for short sequences (no idle threads), 1024 for
@@ -26,9 +30,9 @@ struct TileConfig {
 // so look-back mode defaults to entry 2; entry 3 stays for the override below.
 // A grid-stride variant (one wave of blocks walking many sequences, to save block launches)
 // measured slower on the H200 (bf16 many-short 0.76 vs 0.80 of torch.add) and was dropped.
-constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}};
+constexpr TileConfig kTileConfigs4B[] = {{8, 32, 0}, {8, 128, 0}, {16, 256, 0}, {16, 128, 0}};
 // 2-byte: the same tile sizes with twice the steps per thread.
-constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {16, 64}, {32, 128}, {32, 64}};
+constexpr TileConfig kTileConfigs2B[] = {{16, 16, 0}, {16, 64, 0}, {32, 128, 1}, {32, 64, 1}};
 constexpr int kNumTileConfigs = 4;
 constexpr int kNumSizeTileConfigs = 3;  // chosen by length; the rest by mode
 constexpr TileConfig tile_config(int elem_size, int i) {
@@ -59,19 +63,23 @@ constexpr int kDefaultTileLookbackConfig = 2;
 // block per SM needs about 55 KB in flight to keep the H200's 4.8 TB/s busy at ~1.5 us of
 // latency (Little's law over 132 SMs).
 struct StreamConfig {
-  int elems, threads, stages;
+  int elems, threads, stages_forward, stages_backward;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
-  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x (tile + two 16-byte halos).
+  constexpr int stages(bool backward) const { return backward ? stages_backward : stages_forward; }
+  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x (tile + two 16-byte
+  // halos), then one tile per output (1 forward, 2 backward) staged for whole-line stores.
   constexpr size_t smem_bytes(int elem_size, bool backward) const {
-    return size_t(stages) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 32);
+    return size_t(stages(backward)) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 32) +
+           (backward ? 2 : 1) * size_t(tile()) * elem_size;
   }
 };
-// 0: 16 KB tiles x 4: 128 KB forward, 192 KB backward. 1: 16 KB x 3: 96 KB forward (two
-// blocks fit an SM), 144 KB backward. 2: 8 KB x 6: 96 KB / 144 KB. 3: 8 KB x 4: 64 KB / 96 KB.
-constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 4}, {16, 256, 3}, {8, 256, 6}, {8, 256, 4}};
-constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 4}, {32, 256, 3}, {16, 256, 6}, {16, 256, 4}};
+// Shared memory forward / backward (at most 227 KB per block):
+// 0: 16 KB tiles x 4 / 3 stages: 144 / 176 KB. 1: 16 KB x 3 / 2: 112 / 128 KB (two forward
+// blocks fit an SM). 2: 8 KB x 6 / 4: 104 / 112 KB. 3: 8 KB x 4 / 3: 72 / 88 KB.
+constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 4, 3}, {16, 256, 3, 2}, {8, 256, 6, 4}, {8, 256, 4, 3}};
+constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 4, 3}, {32, 256, 3, 2}, {16, 256, 6, 4}, {16, 256, 4, 3}};
 constexpr int kNumStreamConfigs = 4;
-constexpr int kDefaultStreamConfig[2] = {0, 1};  // forward, backward
+constexpr int kDefaultStreamConfig[2] = {0, 0};  // forward, backward
 constexpr StreamConfig stream_config(int elem_size, int i) {
   return elem_size == 2 ? kStreamConfigs2B[i] : kStreamConfigs4B[i];
 }
@@ -137,7 +145,9 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int c
     const int64_t tiles = ceil_div(L, cfg.tile());
     const int64_t resident_blocks = num_sms * (kThreadsPerSM / cfg.threads);
     for (int s = 0; s < kNumSlots; ++s)
-      if (s != kInit && s != kGradInit && vectorizable(p, s, elem_size)) plan.vec_mask |= 1u << s;
+      if (s != kInit && s != kGradInit && !(s == kGradCoeff && p.accumulate_grad_coeff) &&
+          vectorizable(p, s, elem_size))
+        plan.vec_mask |= 1u << s;
     const unsigned streamed = (1u << kIn) | (1u << kCoeff) | (p.backward ? 1u << kOut : 0u);
     const int stream_cfg = config_override("TORCH_LINREC_CUDA_STREAM_CONFIG", kDefaultStreamConfig[p.backward],
                                            kNumStreamConfigs);

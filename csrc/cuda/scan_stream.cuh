@@ -21,6 +21,7 @@
 #include <cuda/ptx>
 
 #include "scan_tile.cuh"
+#include "scan_vec.cuh"
 
 namespace linrec {
 
@@ -37,7 +38,7 @@ struct StreamShape {
   static constexpr int kVecsPerThread = E / kVec;
   static constexpr int kStreams = kBackward ? 3 : 2;  // x or grad_y, coeffs, (y)
   static constexpr int kRegion = kTile + 2 * kVec;    // a 16-byte halo slot on each side
-  static constexpr size_t kSmemBytes = size_t(STAGES) * kStreams * kRegion * sizeof(T);
+  static constexpr int kOutputs = kBackward ? 2 : 1;  // output tiles staged for whole-line stores
   static_assert(E % kVec == 0 && (kVecsPerThread & (kVecsPerThread - 1)) == 0 && kVecsPerThread <= 8,
                 "a thread reads a power of two of 16-byte vectors, at most 8");
 
@@ -46,69 +47,11 @@ struct StreamShape {
   __device__ __forceinline__ static int index(int w, bool rev) { return rev ? kVec + kTile - 1 - w : kVec + w; }
 };
 
-// The elements of a 16-byte vector as float.
-template <typename T> __device__ __forceinline__ void unpack_vec(uint4 u, float (&f)[16 / sizeof(T)]);
-template <> __device__ __forceinline__ void unpack_vec<float>(uint4 u, float (&f)[4]) {
-  f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
-}
-template <> __device__ __forceinline__ void unpack_vec<__half>(uint4 u, float (&f)[8]) {
-  const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    f[2 * k] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[k] & 0xffffu)));
-    f[2 * k + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[k] >> 16)));
-  }
-}
-template <> __device__ __forceinline__ void unpack_vec<__nv_bfloat16>(uint4 u, float (&f)[8]) {
-  const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {  // a bfloat16 is the high half of a float32
-    f[2 * k] = __uint_as_float(w[k] << 16);
-    f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-  }
-}
-
-// `take ? a : b` as explicit selects: written as a conditional copy, the compiler turns the
-// selection among a thread's vectors back into a dynamically indexed array in local memory.
-__device__ __forceinline__ unsigned select_word(bool take, unsigned a, unsigned b) {
-  unsigned r;
-  asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %3, 0;\n\tselp.b32 %0, %1, %2, p;\n\t}"
-      : "=r"(r)
-      : "r"(a), "r"(b), "r"(static_cast<unsigned>(take)));
-  return r;
-}
-__device__ __forceinline__ uint4 select_vec(bool take, uint4 a, uint4 b) {
-  return make_uint4(select_word(take, a.x, b.x), select_word(take, a.y, b.y), select_word(take, a.z, b.z),
-                    select_word(take, a.w, b.w));
-}
-
-// Thread `i` reads its E steps of a staged tile as kVecsPerThread 16-byte vectors. Thread i's
-// vectors sit 16 * kVecsPerThread bytes apart, so in-order reads by 8 threads (one shared
-// memory wavefront) would hit the same banks; each thread starts at vector
-// (i / (8 / kVecsPerThread)) instead and puts the vectors back in order with selects.
+// Thread `i` reads its E steps of a staged tile (see read_chunk).
 template <typename T, int E, int NT, int STAGES, bool kBackward>
 __device__ __forceinline__ void load_staged(const T* region, bool rev, float (&out)[E]) {
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
-  constexpr int kNV = S::kVecsPerThread;
-  const int i = threadIdx.x;
-  const uint4* src = reinterpret_cast<const uint4*>(region + S::kVec + (rev ? NT - 1 - i : i) * E);
-  const int r = kNV >= 8 ? (i & (kNV - 1)) : (i / (8 / kNV)) & (kNV - 1);
-  uint4 got[kNV];
-#pragma unroll
-  for (int k = 0; k < kNV; ++k) got[k] = src[(k + r) & (kNV - 1)];
-#pragma unroll
-  for (int j = 0; j < kNV; ++j) {
-    uint4 u = got[0];
-#pragma unroll
-    for (int k = 1; k < kNV; ++k) u = select_vec(((j - r) & (kNV - 1)) == k, got[k], u);
-    float f[S::kVec];
-    unpack_vec<T>(u, f);
-#pragma unroll
-    for (int e = 0; e < S::kVec; ++e) {
-      if (!rev) out[j * S::kVec + e] = f[e];
-      else out[E - 1 - (j * S::kVec + e)] = f[e];
-    }
-  }
+  read_chunk<T, E, NT>(region + S::kVec, rev, out);
 }
 
 // Producer side, run by thread 0: stages tile `vid` in stage `st` (or only arrives on the
@@ -191,6 +134,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
   __shared__ int64_t s_vid[STAGES];
   __shared__ int64_t s_off[STAGES][kNumSlots];
 
+  T* const out_tile = staged + STAGES * S::kStreams * S::kRegion;
   const int64_t seq = blockIdx.x, num_tiles = p.num_seq * args.num_chunks, L = p.len;
   int64_t next_tile = 0;  // thread 0: the tile of this sequence staged next
   auto stage_next = [&](int st) {
@@ -221,9 +165,10 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
     float v[E], c[E], yn[E];
     load_operands<T, E, NT, STAGES, kBackward>(staged + st * S::kStreams * S::kRegion, s, L, t0, args.vec_mask, v,
                                                c, yn);
-    __syncthreads();  // stage st is consumed (and scan_storage free): refill it while this tile is scanned
+    __syncthreads();  // stage st, scan_storage and out_tile are free: refill st while this tile is scanned
     if (threadIdx.x == 0) stage_next(st);
-    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, args.vec_mask, v, c, yn);
+    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, t0, tf, nv, args.vec_mask, v, c, yn,
+                                             out_tile);
   }
 #else
   __trap();  // planned only on compute capability >= 9.0

@@ -10,6 +10,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "scan_common.cuh"
+#include "scan_vec.cuh"
 
 namespace linrec {
 
@@ -100,7 +101,8 @@ struct SeqTensors {
   const T* cf;   // coeffs
   T* y;          // forward output, or the saved forward output read by the backward
   T* dx;         // backward outputs (null in the forward)
-  T* dc;
+  T* dc;         // (null when accumulated into dc_acc)
+  float* dc_acc; // broadcast coeffs: float32 gradient buffer (ScanParams::accumulate_grad_coeff)
   T* dh0;
   int64_t ls_in, ls_c, ls_y, ls_dx, ls_dc;
   float init;    // state before step 0
@@ -111,7 +113,8 @@ struct SeqTensors {
     cf = slot_ptr<T>(p, kCoeff, off[kCoeff]);
     y = slot_ptr<T>(p, kOut, off[kOut]);
     dx = slot_ptr<T>(p, kGradIn, off[kGradIn]);
-    dc = slot_ptr<T>(p, kGradCoeff, off[kGradCoeff]);
+    dc = p.accumulate_grad_coeff ? nullptr : slot_ptr<T>(p, kGradCoeff, off[kGradCoeff]);
+    dc_acc = p.accumulate_grad_coeff ? slot_ptr<float>(p, kGradCoeff, off[kGradCoeff]) : nullptr;
     dh0 = slot_ptr<T>(p, kGradInit, off[kGradInit]);
     ls_in = p.lstride[kIn];
     ls_c = p.lstride[kCoeff];
@@ -152,10 +155,20 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
   }
 }
 
-// Replays a thread's steps from the state `h` before them and stores the outputs.
-template <typename T, int E, bool kBackward>
-__device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
-                                                 float h, float (&v)[E], const float (&c)[E], float (&yn)[E]) {
+// Lowest address of tile steps [t0, t0 + count) of a sequence at `base` with stride +-1.
+template <typename T>
+__device__ __forceinline__ T* tile_lowest(T* base, int64_t ls, int64_t t0, int count) {
+  return ls > 0 ? base + t0 : base - (t0 + count - 1);
+}
+
+// Replays a thread's steps from the state `h` before them and stores the outputs. A full
+// tile with vectorizable outputs goes through `out_tile` (shared memory for one tile per
+// output, or null) and out in whole lines (scan_vec.cuh); block-uniform condition.
+template <typename T, int E, int NT, bool kBackward>
+__device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t t0, int64_t tf, int nv,
+                                                 unsigned vm, float h, float (&v)[E], const float (&c)[E],
+                                                 float (&yn)[E], T* out_tile) {
+  constexpr int kTile = E * NT;
   float h_last = 0.f;
 #pragma unroll
   for (int i = 0; i < E; ++i) {
@@ -163,13 +176,30 @@ __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t
     v[i] = h;
     if (i < nv) h_last = h;
   }
+  constexpr unsigned kOutputs = kBackward ? (1u << kGradIn | 1u << kGradCoeff) : 1u << kOut;
+  const bool staged = out_tile != nullptr && t0 + kTile <= L && (vm & kOutputs) == kOutputs;
   if constexpr (!kBackward) {
-    store_steps<T, E>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, v);
+    if (staged) {
+      write_chunk<T, E, NT>(out_tile, s.ls_y < 0, v);
+      __syncthreads();
+      copy_tile_out<T, NT>(out_tile, tile_lowest(s.y, s.ls_y, t0, kTile), kTile);
+    } else {
+      store_steps<T, E>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, v);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < E; ++i) yn[i] *= v[i];
-    store_steps<T, E>(s.dx, s.ls_dx, tf, nv, vm >> kGradIn & 1, v);
-    store_steps<T, E>(s.dc, s.ls_dc, tf, nv, vm >> kGradCoeff & 1, yn);
+    if (staged) {
+      write_chunk<T, E, NT>(out_tile, s.ls_dx < 0, v);
+      write_chunk<T, E, NT>(out_tile + kTile, s.ls_dc < 0, yn);
+      __syncthreads();
+      copy_tile_out<T, NT>(out_tile, tile_lowest(s.dx, s.ls_dx, t0, kTile), kTile);
+      copy_tile_out<T, NT>(out_tile + kTile, tile_lowest(s.dc, s.ls_dc, t0, kTile), kTile);
+    } else {
+      store_steps<T, E>(s.dx, s.ls_dx, tf, nv, vm >> kGradIn & 1, v);
+      if (s.dc_acc) accumulate_steps<E>(s.dc_acc, s.ls_dc, tf, nv, yn, /*warp_uniform_address=*/true);
+      else store_steps<T, E>(s.dc, s.ls_dc, tf, nv, vm >> kGradCoeff & 1, yn);
+    }
     if (nv > 0 && tf + nv == L)  // this thread holds the last step: d initial = c[L-1] * g[L-1]
       *s.dh0 = from_float<T>(to_float(s.cf[(L - 1) * s.ls_c]) * h_last);
   }
@@ -189,22 +219,23 @@ __device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const float 
 // and the thread replays its steps from there and stores them.
 template <typename T, int E, int NT, bool kBackward>
 __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
-                                                    TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
-                                                    int nv, unsigned vm, float (&v)[E], const float (&c)[E],
-                                                    float (&yn)[E]) {
+                                                    TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t t0,
+                                                    int64_t tf, int nv, unsigned vm, float (&v)[E],
+                                                    const float (&c)[E], float (&yn)[E], T* out_tile) {
   Affine prefix;
   cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
-  replay_and_store<T, E, kBackward>(s, L, tf, nv, vm, prefix.b, v, c, yn);
+  replay_and_store<T, E, NT, kBackward>(s, L, t0, tf, nv, vm, prefix.b, v, c, yn, out_tile);
 }
 
 // One block per sequence (all its tiles, one after the other) or, with look-back
 // (num_chunks > 1), one block per tile, chained to its predecessors across blocks.
-template <typename T, int E, int NT, bool kBackward>
-__global__ void __launch_bounds__(NT, kBackward ? 1 : 0) scan_tile_kernel(const ScanParams p, const TileArgs args) {
+template <typename T, int E, int NT, int BOUNDS, bool kBackward>
+__global__ void __launch_bounds__(NT, kBackward ? 1 : BOUNDS) scan_tile_kernel(const ScanParams p, const TileArgs args) {
   constexpr int kTile = E * NT;
   __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
   __shared__ int64_t s_vid;
   __shared__ int64_t s_off[kNumSlots];
+  __shared__ __align__(16) unsigned char s_out[(kBackward ? 2 : 1) * kTile * sizeof(T)];
 
   const bool lookback = args.num_chunks > 1;
   if (threadIdx.x == 0) s_vid = lookback ? static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)) : blockIdx.x;
@@ -227,8 +258,9 @@ __global__ void __launch_bounds__(NT, kBackward ? 1 : 0) scan_tile_kernel(const 
     const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
     float v[E], c[E], yn[E];
     load_tile_global<T, E, kBackward>(s, L, tf, nv, vm, v, c, yn);
-    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, vm, v, c, yn);
-    __syncthreads();  // scan_storage is reused by the next tile
+    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, t0, tf, nv, vm, v, c, yn,
+                                             reinterpret_cast<T*>(s_out));
+    __syncthreads();  // scan_storage and s_out are reused by the next tile
   }
 }
 
