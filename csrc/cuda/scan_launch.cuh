@@ -26,7 +26,7 @@ cudaError_t launch_tile(const ScanParams& p, const ScanPlan& plan, const TileArg
   if constexpr (I < kNumTileConfigs) {
     constexpr TileConfig cfg = tile_config(sizeof(T), I);
     if (plan.config != I) return launch_tile<T, kBackward, I + 1>(p, plan, args, stream);
-    scan_tile_kernel<T, cfg.elems, cfg.threads, cfg.bounds, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+    scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
     return cudaGetLastError();
   } else {
     return cudaErrorInvalidConfiguration;

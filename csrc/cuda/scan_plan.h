@@ -15,12 +15,8 @@ namespace linrec {
 // size. Every thread moves whole 16-byte vectors, at least two per tensor: with one, the
 // bf16 L=1024 case kept too few bytes in flight (0.78 of torch.add on the H100, against
 // 1.00 for float32 with two).
-//
-// `bounds`: the minimum-blocks argument of the forward kernel's __launch_bounds__ (0: none;
-// the backward always passes 1). It only steers ptxas' register target: with none, the
-// 2-byte 32-step forward spilled after the tile stores moved through shared memory.
 struct TileConfig {
-  int elems, threads, bounds;
+  int elems, threads;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
 };
 // Smallest tile first. 4-byte: 256 steps for short sequences (no idle threads), 1024 for
@@ -30,9 +26,9 @@ struct TileConfig {
 // so look-back mode defaults to entry 2; entry 3 stays for the override below.
 // A grid-stride variant (one wave of blocks walking many sequences, to save block launches)
 // measured slower on the H200 (bf16 many-short 0.76 vs 0.80 of torch.add) and was dropped.
-constexpr TileConfig kTileConfigs4B[] = {{8, 32, 0}, {8, 128, 0}, {16, 256, 0}, {16, 128, 0}};
+constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}};
 // 2-byte: the same tile sizes with twice the steps per thread.
-constexpr TileConfig kTileConfigs2B[] = {{16, 16, 0}, {16, 64, 0}, {32, 128, 1}, {32, 64, 1}};
+constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {16, 64}, {32, 128}, {32, 64}};
 constexpr int kNumTileConfigs = 4;
 constexpr int kNumSizeTileConfigs = 3;  // chosen by length; the rest by mode
 constexpr TileConfig tile_config(int elem_size, int i) {
@@ -66,16 +62,14 @@ struct StreamConfig {
   int elems, threads, stages_forward, stages_backward;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
   constexpr int stages(bool backward) const { return backward ? stages_backward : stages_forward; }
-  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x (tile + two 16-byte
-  // halos), then one tile per output (1 forward, 2 backward) staged for whole-line stores.
+  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x (tile + two 16-byte halos).
   constexpr size_t smem_bytes(int elem_size, bool backward) const {
-    return size_t(stages(backward)) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 32) +
-           (backward ? 2 : 1) * size_t(tile()) * elem_size;
+    return size_t(stages(backward)) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 32);
   }
 };
 // Shared memory forward / backward (at most 227 KB per block):
-// 0: 16 KB tiles x 4 / 3 stages: 144 / 176 KB. 1: 16 KB x 3 / 2: 112 / 128 KB (two forward
-// blocks fit an SM). 2: 8 KB x 6 / 4: 104 / 112 KB. 3: 8 KB x 4 / 3: 72 / 88 KB.
+// 0: 16 KB tiles x 4 / 3 stages: 128 / 144 KB. 1: 16 KB x 3 / 2: 96 / 96 KB (two blocks fit
+// an SM). 2: 8 KB x 6 / 4: 96 / 96 KB. 3: 8 KB x 4 / 3: 64 / 72 KB.
 constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 4, 3}, {16, 256, 3, 2}, {8, 256, 6, 4}, {8, 256, 4, 3}};
 constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 4, 3}, {32, 256, 3, 2}, {16, 256, 6, 4}, {16, 256, 4, 3}};
 constexpr int kNumStreamConfigs = 4;

@@ -38,7 +38,6 @@ struct StreamShape {
   static constexpr int kVecsPerThread = E / kVec;
   static constexpr int kStreams = kBackward ? 3 : 2;  // x or grad_y, coeffs, (y)
   static constexpr int kRegion = kTile + 2 * kVec;    // a 16-byte halo slot on each side
-  static constexpr int kOutputs = kBackward ? 2 : 1;  // output tiles staged for whole-line stores
   static_assert(E % kVec == 0 && (kVecsPerThread & (kVecsPerThread - 1)) == 0 && kVecsPerThread <= 8,
                 "a thread reads a power of two of 16-byte vectors, at most 8");
 
@@ -134,7 +133,6 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
   __shared__ int64_t s_vid[STAGES];
   __shared__ int64_t s_off[STAGES][kNumSlots];
 
-  T* const out_tile = staged + STAGES * S::kStreams * S::kRegion;
   const int64_t seq = blockIdx.x, num_tiles = p.num_seq * args.num_chunks, L = p.len;
   int64_t next_tile = 0;  // thread 0: the tile of this sequence staged next
   auto stage_next = [&](int st) {
@@ -165,10 +163,9 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
     float v[E], c[E], yn[E];
     load_operands<T, E, NT, STAGES, kBackward>(staged + st * S::kStreams * S::kRegion, s, L, t0, args.vec_mask, v,
                                                c, yn);
-    __syncthreads();  // stage st, scan_storage and out_tile are free: refill st while this tile is scanned
+    __syncthreads();  // stage st and scan_storage are free: refill st while this tile is scanned
     if (threadIdx.x == 0) stage_next(st);
-    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, t0, tf, nv, args.vec_mask, v, c, yn,
-                                             out_tile);
+    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, args.vec_mask, v, c, yn);
   }
 #else
   __trap();  // planned only on compute capability >= 9.0

@@ -1,18 +1,13 @@
-// A tile of NT * E steps moved between registers and shared memory in 16-byte vectors, and
-// between shared and global memory in whole lines.
+// A tile of NT * E steps read from shared memory into registers in 16-byte vectors.
 //
 // Thread i holds the steps [i E, (i+1) E) of the tile in walk order ("blocked"): in memory
 // order its "chunk" is i (forward walk) or NT-1-i (reverse walk, elements reversed).
-// Direct global stores of such chunks write every 32-byte sector in two 16-byte halves from
-// two instructions, which doubles the L2 write requests (the stream kernel measured 80% L2
-// against 52% DRAM throughput on few-long, H200); staged through shared memory the tile goes
-// out with consecutive threads at consecutive 16-byte vectors.
 #pragma once
 #include "scan_common.cuh"
 
 namespace linrec {
 
-// The elements of a 16-byte vector as float, and back.
+// The elements of a 16-byte vector as float.
 template <typename T> __device__ __forceinline__ void unpack_vec(uint4 u, float (&f)[16 / sizeof(T)]);
 template <> __device__ __forceinline__ void unpack_vec<float>(uint4 u, float (&f)[4]) {
   f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
@@ -32,27 +27,6 @@ template <> __device__ __forceinline__ void unpack_vec<__nv_bfloat16>(uint4 u, f
     f[2 * k] = __uint_as_float(w[k] << 16);
     f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
   }
-}
-
-template <typename T> __device__ __forceinline__ uint4 pack_vec(const float (&f)[16 / sizeof(T)]);
-template <> __device__ __forceinline__ uint4 pack_vec<float>(const float (&f)[4]) {
-  return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
-}
-template <typename T2, typename F>
-__device__ __forceinline__ uint4 pack_pairs(const float (&f)[8], F pair) {
-  unsigned w[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const T2 h = pair(f[2 * k], f[2 * k + 1]);
-    w[k] = *reinterpret_cast<const unsigned*>(&h);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-template <> __device__ __forceinline__ uint4 pack_vec<__half>(const float (&f)[8]) {
-  return pack_pairs<__half2>(f, [](float a, float b) { return __floats2half2_rn(a, b); });
-}
-template <> __device__ __forceinline__ uint4 pack_vec<__nv_bfloat16>(const float (&f)[8]) {
-  return pack_pairs<__nv_bfloat162>(f, [](float a, float b) { return __floats2bfloat162_rn(a, b); });
 }
 
 // `take ? a : b` as explicit selects: written as a conditional copy, the compiler turns the
@@ -101,40 +75,6 @@ __device__ __forceinline__ void read_chunk(const T* tile, bool rev, float (&out)
       else out[E - 1 - (j * kVec + e)] = f[e];
     }
   }
-}
-
-// Writes thread threadIdx.x's E steps into `tile` (NT * E elements in memory order).
-template <typename T, int E, int NT>
-__device__ __forceinline__ void write_chunk(T* tile, bool rev, const float (&v)[E]) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kNV = E / kVec;
-  const int chunk = rev ? NT - 1 - static_cast<int>(threadIdx.x) : threadIdx.x;
-  uint4* dst = reinterpret_cast<uint4*>(tile) + chunk * kNV;
-  const int r = rotation<kNV>(chunk);
-  uint4 vec[kNV];
-#pragma unroll
-  for (int j = 0; j < kNV; ++j) {
-    float f[kVec];
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) f[e] = rev ? v[E - 1 - (j * kVec + e)] : v[j * kVec + e];
-    vec[j] = pack_vec<T>(f);
-  }
-#pragma unroll
-  for (int k = 0; k < kNV; ++k) {  // instruction k writes vector (k + r) mod kNV
-    uint4 u = vec[0];
-#pragma unroll
-    for (int j = 1; j < kNV; ++j) u = select_vec(((k + r) & (kNV - 1)) == j, vec[j], u);
-    dst[(k + r) & (kNV - 1)] = u;
-  }
-}
-
-// Copies a tile of `count` elements (a multiple of 16 bytes) from shared to global memory
-// (`dst` 16-byte aligned), consecutive threads at consecutive vectors.
-template <typename T, int NT>
-__device__ __forceinline__ void copy_tile_out(const T* tile, T* dst, int count) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  const uint4* src = reinterpret_cast<const uint4*>(tile);
-  uint4* out = reinterpret_cast<uint4*>(dst);
-  for (int k = threadIdx.x; k < count / kVec; k += NT) out[k] = src[k];
 }
 
 }  // namespace linrec
