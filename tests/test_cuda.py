@@ -145,14 +145,14 @@ def test_second_device():
 def test_peak_memory_forward_backward(coeffs_shape):
     """(8, 4096, 512) fp32, dim=1: forward allocates y only; forward + backward at most y, grad_x and
     grad_coeffs (full size, or for broadcast coeffs a float32 buffer of their shape that the kernel
-    adds into: no full-size temporary), plus the look-back status (16 bytes per channel and 128-step
-    span: 3.1% of a float32 tensor) and < 1% slack."""
+    adds into: no full-size temporary), plus the look-back status (16 bytes per channel and span of
+    64 steps with channel pairs: 6.25% of a float32 tensor) and < 1% slack."""
     x, c, _ = _inputs((8, 4096, 512), 1, torch.float32, coeffs_shape=coeffs_shape, initial=False, seed=5)
     x.requires_grad_()
     c.requires_grad_()
     grad_y = torch.randn_like(x)
     T = x.numel() * x.element_size()
-    slack = (16 / (128 * 4) + 0.01) * T
+    slack = (16 / (64 * 4) + 0.01) * T
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
@@ -160,7 +160,7 @@ def test_peak_memory_forward_backward(coeffs_shape):
     y = torch_linrec.scan(x, c, dim=1, backend="native")
     torch.cuda.synchronize()
     fwd_peak = torch.cuda.max_memory_allocated() - base
-    assert fwd_peak <= T + slack, f"forward peak {fwd_peak / T:.3f} x tensor size, expected <= 1.041"
+    assert fwd_peak <= T + slack, f"forward peak {fwd_peak / T:.3f} x tensor size, expected <= {1 + slack / T:.3f}"
     y.backward(grad_y)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base

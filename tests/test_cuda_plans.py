@@ -87,3 +87,34 @@ def test_look_back_few_rows(rows):
     x, c, h0 = _rows(rows, 2 ** 21 + 12, torch.float32, seed=5)
     _check_against_cpu(x, c, h0, -1, False, torch.float32)
     _check_against_cpu(x, c, h0, -1, True, torch.float32)
+
+
+# Channel kernel: (B, L, D) with dim=1. Pairs of channels per lane need even D, unit channel stride
+# and pair-aligned rows; "sliced" shifts the rows by one element (pairs misaligned: one per lane).
+_BLD = [((2, 1000, 64), "plain"), ((3, 4100, 130), "plain"), ((2, 333, 2), "plain"), ((2, 1000, 65), "sliced")]
+
+
+@pytest.mark.parametrize("config", ["0", "1", "2", "3", "4", "5"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("case", _BLD, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}")
+def test_channel_kernel_configs(case, reverse, dtype, config, monkeypatch):
+    monkeypatch.setenv("TORCH_LINREC_CUDA_CHANNEL_CONFIG", config)
+    (B, L, D), layout = case
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr((case, reverse, str(dtype))).encode()))
+    x = torch.randn(B, L, D, generator=g, device="cuda").to(dtype)
+    c = torch.empty(B, L, D, device="cuda").uniform_(0.9, 1.0, generator=g).to(dtype)
+    h0 = torch.randn(B, D, generator=g, device="cuda").to(dtype)
+    if layout == "sliced":
+        x, c, h0 = x[..., 1:], c[..., 1:], h0[..., 1:]
+    _check_against_cpu(x, c, h0, 1, reverse, dtype)
+
+
+@pytest.mark.parametrize("coeffs_shape", [(64,), (2, 1, 64), (1, 1000, 1)], ids=["D", "B1D", "1L1"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+def test_channel_kernel_broadcast_coeffs(coeffs_shape, reverse):
+    """Broadcast coefficients: read in place, their gradient added into a buffer of their shape."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(2, 1000, 64, generator=g, device="cuda")
+    c = torch.empty(coeffs_shape, device="cuda").uniform_(0.9, 1.0, generator=g)
+    _check_against_cpu(x, c, None, 1, reverse, torch.float32)

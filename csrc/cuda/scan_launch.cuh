@@ -38,7 +38,7 @@ cudaError_t launch_channel(const ScanParams& p, const ScanPlan& plan, const Chan
   if constexpr (I < kNumChannelConfigs) {
     constexpr ChannelConfig cfg = kChannelConfigs[I];
     if (plan.config != I) return launch_channel<T, kBackward, I + 1>(p, plan, args, stream);
-    scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, kBackward>
+    scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, kBackward>
         <<<plan.grid, cfg.threads(), 0, stream>>>(p, args);
     return cudaGetLastError();
   } else {
@@ -78,7 +78,9 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
       return launch_stream<T, kBackward>(p, plan, StreamArgs{plan.num_chunks, plan.vec_mask, lb}, stream);
     case ScanKind::kChannel:
       return launch_channel<T, kBackward>(
-          p, plan, ChannelArgs{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, 32), lb}, stream);
+          p, plan,
+          ChannelArgs{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, kChannelConfigs[plan.config].channels()), lb},
+          stream);
   }
   return cudaErrorInvalidConfiguration;
 }

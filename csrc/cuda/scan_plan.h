@@ -35,22 +35,40 @@ constexpr TileConfig tile_config(int elem_size, int i) {
   return elem_size == 2 ? kTileConfigs2B[i] : kTileConfigs4B[i];
 }
 
-// Channel kernel: a block is 32 channels x `rows` warps, each thread `steps` steps, at
-// least `min_blocks` blocks per SM in the forward, half in the backward (a register cap
-// that stays spill-free). A span of rows x steps shares one
+// Channel kernel: a block is 32 lanes x `rows` warps, each lane `cpl` adjacent channels,
+// each thread `steps` steps, at least `min_blocks` blocks per SM in the forward, half in the
+// backward (a register cap that stays spill-free). A span of rows x steps shares one
 // look-back status per channel. A first version (one warp row, 32 steps per thread, 128
 // registers, 4 blocks/SM) reached 0.72 of torch.add on mamba-BLD float32; 8 rows x 16 steps
 // at 98 registers (2 blocks/SM) measured 0.56 once and 0.94 in a later sweep of the four
 // configs below (H100, same session), where {16,8,2} led on mamba-BLD float32 and bf16
 // (0.94 / 0.63), ahead of {32,4,3} (0.88 / 0.55), {16,4,5} (0.75 / 0.43), {32,2,6} (0.71 / 0.42).
+// The pair configs (cpl 2, see scan_channel.cuh) hold as many values per thread as {16,8,2}.
 struct ChannelConfig {
-  int steps, rows, min_blocks;
+  int steps, rows, min_blocks, cpl;
   constexpr int threads() const { return 32 * rows; }
   constexpr int64_t span() const { return int64_t(steps) * rows; }
+  constexpr int64_t channels() const { return 32 * cpl; }
 };
-constexpr ChannelConfig kChannelConfigs[] = {{16, 8, 2}, {16, 4, 5}, {32, 4, 3}, {32, 2, 6}};
-constexpr int kNumChannelConfigs = 4;
+constexpr ChannelConfig kChannelConfigs[] = {{16, 8, 2, 1}, {16, 4, 5, 1}, {32, 4, 3, 1},
+                                             {32, 2, 6, 1}, {8, 8, 2, 2},  {8, 16, 1, 2}};
+constexpr int kNumChannelConfigs = 6;
 constexpr int kDefaultChannelConfig = 0;
+constexpr int kDefaultChannelPairConfig = 4;
+
+// Whether the channel kernel may take two adjacent channels per lane: every strided operand
+// has unit stride between channels, an even number of them per row, and pair-aligned steps.
+inline bool channel_pairs(const ScanParams& p, int elem_size) {
+  if (p.nbatch == 0 || p.bsize[0] % 2 != 0) return false;
+  for (int slot : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) {
+    if (!p.ptr[slot] || (slot == kGradCoeff && p.accumulate_grad_coeff)) continue;
+    if (p.bstride[slot][0] != 1 || p.lstride[slot] % 2 != 0) return false;
+    for (int i = 1; i < p.nbatch; ++i)
+      if (p.bstride[slot][i] % 2 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(p.ptr[slot]) % (2 * elem_size) != 0) return false;
+  }
+  return true;
+}
 constexpr int kDefaultTileLookbackConfig = 2;
 
 // Stream kernel configs (elements per thread E, threads per block NT, staged tiles per
@@ -171,11 +189,13 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int c
     }
   } else {
     plan.kind = ScanKind::kChannel;
-    plan.config = config_override("TORCH_LINREC_CUDA_CHANNEL_CONFIG", kDefaultChannelConfig, kNumChannelConfigs);
-    if (plan.config < 0) plan.config = kDefaultChannelConfig;
+    const bool pairs = channel_pairs(p, elem_size);
+    const int fallback = pairs ? kDefaultChannelPairConfig : kDefaultChannelConfig;
+    plan.config = config_override("TORCH_LINREC_CUDA_CHANNEL_CONFIG", fallback, kNumChannelConfigs);
+    if (plan.config < 0 || (kChannelConfigs[plan.config].cpl > 1 && !pairs)) plan.config = fallback;
     const ChannelConfig cfg = kChannelConfigs[plan.config];
     const int64_t spans = ceil_div(L, cfg.span());
-    const int64_t seq_blocks = ceil_div(p.num_seq, 32);
+    const int64_t seq_blocks = ceil_div(p.num_seq, cfg.channels());
     const int64_t resident_blocks = num_sms * cfg.min_blocks;
     // Pipe along L inside each block only when the channel blocks alone fill two waves;
     // else every span is its own block, chained by look-back.
