@@ -10,10 +10,12 @@ CASES = [("many-short", (131072, 1024), -1, torch.float32), ("few-long", (128, 2
          ("very-few-long", (16, 2**22), -1, torch.float32), ("mamba-BLD", (8, 4096, 4096), 1, torch.float32),
          ("bf16-many-short", (131072, 1024), -1, torch.bfloat16), ("bf16-mamba-BLD", (8, 4096, 4096), 1, torch.bfloat16),
          ("small-call", (1, 1024, 2048), 1, torch.float32)]
+# Named on the command line only: probes of the many-short cases with 4x longer rows (4x fewer blocks).
+EXTRA = [("probe-4096", (32768, 4096), -1, torch.float32), ("bf16-probe-4096", (32768, 4096), -1, torch.bfloat16)]
 def main():
     sel = sys.argv[1:]
-    for name, shape, dim, dt in CASES:
-        if sel and name not in sel:
+    for name, shape, dim, dt in CASES + EXTRA:
+        if (sel and name not in sel) or (not sel and (name, shape, dim, dt) in EXTRA):
             continue
         x = torch.randn(shape, device="cuda", dtype=dt)
         c = (torch.rand(shape, device="cuda", dtype=dt) * 0.5 + 0.5)
