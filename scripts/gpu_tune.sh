@@ -23,6 +23,10 @@ for cfg in ${CHANNEL_SWEEP:-}; do
   echo "TORCH_LINREC_CUDA_CHANNEL_CONFIG=$cfg" | tee -a "$OUT/perf.log"
   TORCH_LINREC_CUDA_CHANNEL_CONFIG=$cfg python3 scripts/quick_perf.py mamba-BLD bf16-mamba-BLD 2>&1 | tee -a "$OUT/perf.log"
 done
+for cfg in ${TILE_SWEEP:-}; do
+  echo "TORCH_LINREC_CUDA_TILE_CONFIG=$cfg" | tee -a "$OUT/perf.log"
+  TORCH_LINREC_CUDA_TILE_CONFIG=$cfg python3 scripts/quick_perf.py many-short bf16-many-short 2>&1 | tee -a "$OUT/perf.log"
+done
 timeout "${TEST_TIMEOUT:-300}" python3 -m pytest tests -q -m cuda -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} \
   >"$OUT/tests.log" 2>&1
 echo "cuda tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/tests.log" | tail -15

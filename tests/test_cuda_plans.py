@@ -94,7 +94,7 @@ def test_look_back_few_rows(rows):
 _BLD = [((2, 1000, 64), "plain"), ((3, 4100, 130), "plain"), ((2, 333, 2), "plain"), ((2, 1000, 65), "sliced")]
 
 
-@pytest.mark.parametrize("config", ["0", "1", "2", "3", "4", "5"])
+@pytest.mark.parametrize("config", ["0", "1", "2", "3", "4", "5", "6"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 @pytest.mark.parametrize("case", _BLD, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}")

@@ -26,10 +26,12 @@ struct TileConfig {
 // so look-back mode defaults to entry 2; entry 3 stays for the override below.
 // A grid-stride variant (one wave of blocks walking many sequences, to save block launches)
 // measured slower on the H200 (bf16 many-short 0.76 vs 0.80 of torch.add) and was dropped.
-constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}};
+// Entry 4 (the 1024-step tile with 16 steps per thread, as the 2-byte entry 1) is for the
+// TORCH_LINREC_CUDA_TILE_CONFIG override, which replaces the length-chosen entry.
+constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}, {16, 64}};
 // 2-byte: the same tile sizes with twice the steps per thread.
-constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {16, 64}, {32, 128}, {32, 64}};
-constexpr int kNumTileConfigs = 4;
+constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {16, 64}, {32, 128}, {32, 64}, {32, 32}};
+constexpr int kNumTileConfigs = 5;
 constexpr int kNumSizeTileConfigs = 3;  // chosen by length; the rest by mode
 constexpr TileConfig tile_config(int elem_size, int i) {
   return elem_size == 2 ? kTileConfigs2B[i] : kTileConfigs4B[i];
@@ -50,11 +52,11 @@ struct ChannelConfig {
   constexpr int64_t span() const { return int64_t(steps) * rows; }
   constexpr int64_t channels() const { return 32 * cpl; }
 };
-constexpr ChannelConfig kChannelConfigs[] = {{16, 8, 2, 1}, {16, 4, 5, 1}, {32, 4, 3, 1},
-                                             {32, 2, 6, 1}, {8, 8, 2, 2},  {8, 16, 1, 2}};
-constexpr int kNumChannelConfigs = 6;
-constexpr int kDefaultChannelConfig = 0;
-constexpr int kDefaultChannelPairConfig = 4;
+constexpr ChannelConfig kChannelConfigs[] = {{16, 8, 2, 1}, {16, 4, 5, 1}, {32, 4, 3, 1}, {32, 2, 6, 1},
+                                             {8, 8, 2, 2},  {8, 16, 1, 2}, {8, 8, 3, 2}};
+constexpr int kNumChannelConfigs = 7;
+constexpr int kDefaultChannelConfig[2] = {0, 0};      // forward, backward
+constexpr int kDefaultChannelPairConfig[2] = {6, 5};  // forward, backward
 
 // Whether the channel kernel may take two adjacent channels per lane: every strided operand
 // has unit stride between channels, an even number of them per row, and pair-aligned steps.
@@ -96,8 +98,8 @@ constexpr StreamConfig stream_config(int elem_size, int i) {
   return elem_size == 2 ? kStreamConfigs2B[i] : kStreamConfigs4B[i];
 }
 
-// Tuning overrides for experiments: TORCH_LINREC_CUDA_CHANNEL_CONFIG, _TILE_LOOKBACK_CONFIG,
-// _STREAM_CONFIG (an index, or "off": no stream kernel).
+// Tuning overrides for experiments: TORCH_LINREC_CUDA_CHANNEL_CONFIG, _TILE_CONFIG,
+// _TILE_LOOKBACK_CONFIG, _STREAM_CONFIG (an index, or "off": no stream kernel).
 inline int config_override(const char* name, int fallback, int count) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -153,6 +155,8 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int c
         plan.config = i;
         break;
       }
+    plan.config = config_override("TORCH_LINREC_CUDA_TILE_CONFIG", plan.config, kNumTileConfigs);
+    if (plan.config < 0) plan.config = kNumSizeTileConfigs - 1;
     const TileConfig cfg = tile_config(elem_size, plan.config);
     const int64_t tiles = ceil_div(L, cfg.tile());
     const int64_t resident_blocks = num_sms * (kThreadsPerSM / cfg.threads);
@@ -190,7 +194,7 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int c
   } else {
     plan.kind = ScanKind::kChannel;
     const bool pairs = channel_pairs(p, elem_size);
-    const int fallback = pairs ? kDefaultChannelPairConfig : kDefaultChannelConfig;
+    const int fallback = pairs ? kDefaultChannelPairConfig[p.backward] : kDefaultChannelConfig[p.backward];
     plan.config = config_override("TORCH_LINREC_CUDA_CHANNEL_CONFIG", fallback, kNumChannelConfigs);
     if (plan.config < 0 || (kChannelConfigs[plan.config].cpl > 1 && !pairs)) plan.config = fallback;
     const ChannelConfig cfg = kChannelConfigs[plan.config];
