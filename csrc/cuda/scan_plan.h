@@ -26,11 +26,14 @@ struct TileConfig {
 // so look-back mode defaults to entry 2; entry 3 stays for the override below.
 // A grid-stride variant (one wave of blocks walking many sequences, to save block launches)
 // measured slower on the H200 (bf16 many-short 0.76 vs 0.80 of torch.add) and was dropped.
-// Entry 4 (the 1024-step tile with 16 steps per thread, as the 2-byte entry 1) is for the
-// TORCH_LINREC_CUDA_TILE_CONFIG override, which replaces the length-chosen entry.
+// Entry 4 is an alternative 1024-step tile for the TORCH_LINREC_CUDA_TILE_CONFIG override,
+// which replaces the length-chosen entry. On the H200 (many-short, fwd / fwd+bwd ratio to
+// torch.add): float32 {8,128} 0.88 / 0.75 vs {16,64} 0.85 / 0.76; bfloat16 {16,64} 0.80 /
+// 0.65 vs {32,32} 0.87 / 0.74, so the 2-byte 1024-step entry is {32,32}.
 constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}, {16, 64}};
-// 2-byte: the same tile sizes with twice the steps per thread.
-constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {16, 64}, {32, 128}, {32, 64}, {32, 32}};
+// 2-byte: the same tile sizes with twice the steps per thread (four 16-byte vectors per
+// tensor and thread in the 1024-step entry).
+constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {32, 32}, {32, 128}, {32, 64}, {16, 64}};
 constexpr int kNumTileConfigs = 5;
 constexpr int kNumSizeTileConfigs = 3;  // chosen by length; the rest by mode
 constexpr TileConfig tile_config(int elem_size, int i) {
@@ -45,18 +48,23 @@ constexpr TileConfig tile_config(int elem_size, int i) {
 // at 98 registers (2 blocks/SM) measured 0.56 once and 0.94 in a later sweep of the four
 // configs below (H100, same session), where {16,8,2} led on mamba-BLD float32 and bf16
 // (0.94 / 0.63), ahead of {32,4,3} (0.88 / 0.55), {16,4,5} (0.75 / 0.43), {32,2,6} (0.71 / 0.42).
-// The pair configs (cpl 2, see scan_channel.cuh) hold as many values per thread as {16,8,2}.
+// The pair config (cpl 2, see scan_channel.cuh) holds as many values per thread as {16,8,2}.
 struct ChannelConfig {
   int steps, rows, min_blocks, cpl;
   constexpr int threads() const { return 32 * rows; }
   constexpr int64_t span() const { return int64_t(steps) * rows; }
   constexpr int64_t channels() const { return 32 * cpl; }
 };
+// On the H200 (mamba-BLD float32 / bfloat16, 8 x 4096 x 4096): the forward is fastest with one
+// channel per lane ({16,8,2,1}: 0.88 / 0.32 of torch.add, against 0.77 / 0.28 for pairs with
+// 8 rows at 2 or 3 blocks per SM and 0.85 / 0.26 for {8,16,1,2}); the backward, which streams
+// five tensors, with pairs in 16 rows ({8,16,1,2}: 2391 / 1437 GB/s against 1770 / 930 GB/s
+// for {16,8,2,1}).
 constexpr ChannelConfig kChannelConfigs[] = {{16, 8, 2, 1}, {16, 4, 5, 1}, {32, 4, 3, 1}, {32, 2, 6, 1},
-                                             {8, 8, 2, 2},  {8, 16, 1, 2}, {8, 8, 3, 2}};
-constexpr int kNumChannelConfigs = 7;
+                                             {8, 16, 1, 2}};
+constexpr int kNumChannelConfigs = 5;
 constexpr int kDefaultChannelConfig[2] = {0, 0};      // forward, backward
-constexpr int kDefaultChannelPairConfig[2] = {6, 5};  // forward, backward
+constexpr int kDefaultChannelPairConfig[2] = {0, 4};  // forward, backward
 
 // Whether the channel kernel may take two adjacent channels per lane: every strided operand
 // has unit stride between channels, an even number of them per row, and pair-aligned steps.
