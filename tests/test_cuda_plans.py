@@ -55,7 +55,7 @@ def _check_against_cpu(x, c, h0, dim, reverse, dtype):
         assert_close_scaled(g, gc, dtype, f"{what} vs CPU kernel")
 
 
-@pytest.mark.parametrize("config", ["0", "1", "2", "3", "off"])
+@pytest.mark.parametrize("config", ["0", "1", "2", "3", "4", "off"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 @pytest.mark.parametrize("length", _LENGTHS)
