@@ -256,3 +256,22 @@ def poison_allocator(t_like: torch.Tensor, copies: int = 4) -> None:
     n = max(1, t_like.numel())
     bufs = [torch.full((n,), float("nan"), dtype=t_like.dtype, device=t_like.device) for _ in range(copies)]
     del bufs
+
+
+def check_against_cpu_kernel(x, c, h0, dim, reverse, dtype) -> None:
+    """Runs the native op and its backward on ``x``'s device (freed memory poisoned with NaN first,
+    so unwritten outputs show) and compares every output with the CPU kernel's."""
+    scan, scan_backward = torch.ops.linrec.scan, torch.ops.linrec.scan_backward
+    h0_cpu = None if h0 is None else h0.cpu()
+    poison_allocator(x, copies=6)
+    y = scan(x, c, h0, dim, reverse)
+    assert bool(torch.isfinite(y).all()), "forward left elements unwritten (NaN) or overflowed"
+    gy = torch.randn_like(y)
+    poison_allocator(x, copies=6)
+    grads = scan_backward(gy, c, y, h0, dim, reverse)
+    for what, g in zip(("grad_x", "grad_coeffs", "grad_initial"), grads):
+        assert bool(torch.isfinite(g).all()), f"{what} left elements unwritten (NaN)"
+    assert_close_scaled(y, scan(x.cpu(), c.cpu(), h0_cpu, dim, reverse), dtype, "forward vs CPU kernel")
+    grads_cpu = scan_backward(gy.cpu(), c.cpu(), y.cpu(), h0_cpu, dim, reverse)
+    for what, g, gc in zip(("grad_x", "grad_coeffs", "grad_initial"), grads, grads_cpu):
+        assert_close_scaled(g, gc, dtype, f"{what} vs CPU kernel")

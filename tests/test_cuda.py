@@ -9,7 +9,8 @@ import torch
 
 import torch_linrec
 from conftest import HAS_CUDA
-from samples import assert_close_scaled, batch_shape, blocked_scan_ref, poison_allocator, ref_scan, ref_scan_backward
+from samples import (assert_close_scaled, batch_shape, blocked_scan_ref, check_against_cpu_kernel, ref_scan,
+                     ref_scan_backward)
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and torch_linrec's CUDA kernels")]
@@ -84,19 +85,7 @@ def test_every_element_written_and_matches_cpu(case, reverse, dtype):
     shape, dim = case
     seed = zlib.crc32(repr(case).encode())
     x, c, h0 = _inputs(shape, dim, dtype, seed=seed)
-    poison_allocator(x, copies=6)
-    y = scan_op(x, c, h0, dim, reverse)
-    assert bool(torch.isfinite(y).all()), "forward left elements unwritten (NaN) or overflowed"
-    gy = torch.randn_like(y)
-    poison_allocator(x, copies=6)
-    grads = scan_backward_op(gy, c, y, h0, dim, reverse)
-    for what, g in zip(("grad_x", "grad_coeffs", "grad_initial"), grads):
-        assert bool(torch.isfinite(g).all()), f"{what} left elements unwritten (NaN)"
-    y_cpu = scan_op(x.cpu(), c.cpu(), h0.cpu(), dim, reverse)
-    assert_close_scaled(y, y_cpu, dtype, "forward vs CPU kernel")
-    grads_cpu = scan_backward_op(gy.cpu(), c.cpu(), y.cpu(), h0.cpu(), dim, reverse)
-    for what, g, gc in zip(("grad_x", "grad_coeffs", "grad_initial"), grads, grads_cpu):
-        assert_close_scaled(g, gc, dtype, f"{what} vs CPU kernel")
+    check_against_cpu_kernel(x, c, h0, dim, reverse, dtype)
 
 
 @pytest.mark.parametrize("coeffs_shape", [None, (64,), (4, 1, 64), (4, 3000, 1)], ids=["full", "D", "B1D", "BL1"])

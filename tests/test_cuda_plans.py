@@ -1,7 +1,8 @@
-"""CUDA-only checks of each launch plan of csrc/cuda/scan_plan.h against the CPU kernel: the stream
-kernel (a block per sequence fed by bulk copies) under every config and at the edges of its tiles and
-halos, and the register-held look-back for fewer sequences than SMs. Skipped without a GPU and the
-CUDA kernels."""
+"""CUDA-only checks of each launch plan of csrc/cuda/scan_plan.h against the CPU kernel, config by
+config through the TORCH_LINREC_CUDA_*_CONFIG overrides: the stream kernel (a block per sequence fed
+by bulk copies) at the edges of its tiles and halos, the register-held look-back for fewer sequences
+than SMs, the channel kernel with one or two channels per lane, the tile kernel. Skipped without a
+GPU and the CUDA kernels."""
 from __future__ import annotations
 
 import zlib
@@ -10,16 +11,13 @@ import pytest
 import torch
 
 from conftest import HAS_CUDA
-from samples import assert_close_scaled, poison_allocator
+from samples import check_against_cpu_kernel
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and torch_linrec's CUDA kernels")]
 
-scan_op = torch.ops.linrec.scan
-scan_backward_op = torch.ops.linrec.scan_backward
-
-# Stream tiles are 4096 float32 / 8192 16-bit steps in config 0, half that in config 1; the halo is
-# one 16-byte vector (4 or 8 steps). Lengths: whole tiles, a partial last tile, a last tile shorter
+# Stream tiles are 4096 float32 / 8192 16-bit steps (configs 0, 1, 4) or half that (2, 3); the halo
+# is one 16-byte vector (4 or 8 steps). Lengths: whole tiles, a partial last tile, a last tile shorter
 # than the halo (the backward reads y after the tile from global memory), one step past a tile.
 _T = 8192
 _LENGTHS = [2 * _T, 2 * _T + 8, _T + 2, _T + 4100]
@@ -40,21 +38,6 @@ def _rows(n, length, dtype, seed, width=None):
     return x, c, h0
 
 
-def _check_against_cpu(x, c, h0, dim, reverse, dtype):
-    poison_allocator(x, copies=6)
-    y = scan_op(x, c, h0, dim, reverse)
-    assert bool(torch.isfinite(y).all()), "forward left elements unwritten (NaN)"
-    gy = torch.randn_like(y)
-    poison_allocator(x, copies=6)
-    grads = scan_backward_op(gy, c, y, h0, dim, reverse)
-    y_cpu = scan_op(x.cpu(), c.cpu(), None if h0 is None else h0.cpu(), dim, reverse)
-    assert_close_scaled(y, y_cpu, dtype, "forward vs CPU kernel")
-    grads_cpu = scan_backward_op(gy.cpu(), c.cpu(), y.cpu(), None if h0 is None else h0.cpu(), dim, reverse)
-    for what, g, gc in zip(("grad_x", "grad_coeffs", "grad_initial"), grads, grads_cpu):
-        assert bool(torch.isfinite(g).all()), f"{what} left elements unwritten (NaN)"
-        assert_close_scaled(g, gc, dtype, f"{what} vs CPU kernel")
-
-
 @pytest.mark.parametrize("config", ["0", "1", "2", "3", "4", "off"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
@@ -66,7 +49,7 @@ def test_stream_kernel_configs(length, reverse, dtype, config, monkeypatch):
     monkeypatch.setenv("TORCH_LINREC_CUDA_STREAM_CONFIG", config)
     seed = zlib.crc32(repr((length, reverse, str(dtype))).encode())
     x, c, h0 = _rows(_stream_rows(), length, dtype, seed=seed)
-    _check_against_cpu(x, c, h0, -1, reverse, dtype)
+    check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
@@ -76,17 +59,17 @@ def test_stream_kernel_broadcast_and_batch_dims(reverse):
     g = torch.Generator(device="cuda").manual_seed(11)
     x = torch.randn(2, n, L, generator=g, device="cuda")
     c = torch.empty(L, device="cuda").uniform_(0.9, 1.0, generator=g)
-    _check_against_cpu(x, c, None, -1, reverse, torch.float32)
+    check_against_cpu_kernel(x, c, None, -1, reverse, torch.float32)
     h0 = torch.randn(n, generator=g, device="cuda")
-    _check_against_cpu(x, c, h0, -1, reverse, torch.float32)
+    check_against_cpu_kernel(x, c, h0, -1, reverse, torch.float32)
 
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_look_back_few_rows(rows):
     """Fewer rows than SMs: tiles on different blocks, chained by look-back over many tiles."""
     x, c, h0 = _rows(rows, 2 ** 21 + 12, torch.float32, seed=5)
-    _check_against_cpu(x, c, h0, -1, False, torch.float32)
-    _check_against_cpu(x, c, h0, -1, True, torch.float32)
+    check_against_cpu_kernel(x, c, h0, -1, False, torch.float32)
+    check_against_cpu_kernel(x, c, h0, -1, True, torch.float32)
 
 
 # Channel kernel: (B, L, D) with dim=1. Pairs of channels per lane need even D, unit channel stride
@@ -107,7 +90,7 @@ def test_channel_kernel_configs(case, reverse, dtype, config, monkeypatch):
     h0 = torch.randn(B, D, generator=g, device="cuda").to(dtype)
     if layout == "sliced":
         x, c, h0 = x[..., 1:], c[..., 1:], h0[..., 1:]
-    _check_against_cpu(x, c, h0, 1, reverse, dtype)
+    check_against_cpu_kernel(x, c, h0, 1, reverse, dtype)
 
 
 @pytest.mark.parametrize("coeffs_shape", [(64,), (2, 1, 64), (1, 1000, 1)], ids=["D", "B1D", "1L1"])
@@ -117,7 +100,7 @@ def test_channel_kernel_broadcast_coeffs(coeffs_shape, reverse):
     g = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(2, 1000, 64, generator=g, device="cuda")
     c = torch.empty(coeffs_shape, device="cuda").uniform_(0.9, 1.0, generator=g)
-    _check_against_cpu(x, c, None, 1, reverse, torch.float32)
+    check_against_cpu_kernel(x, c, None, 1, reverse, torch.float32)
 
 
 @pytest.mark.parametrize("config", ["0", "1", "2", "3", "4"])
@@ -128,4 +111,4 @@ def test_tile_kernel_configs(shape, reverse, dtype, config, monkeypatch):
     """Every tile config in place of the length-chosen one (a block walking several tiles)."""
     monkeypatch.setenv("TORCH_LINREC_CUDA_TILE_CONFIG", config)
     x, c, h0 = _rows(shape[0], shape[1], dtype, seed=zlib.crc32(repr((shape, reverse, str(dtype))).encode()))
-    _check_against_cpu(x, c, h0, -1, reverse, dtype)
+    check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
