@@ -35,6 +35,7 @@ constexpr TileConfig kTileConfigs4B[] = {{8, 32}, {8, 128}, {16, 256}, {16, 128}
 // tensor and thread in the 1024-step entry).
 constexpr TileConfig kTileConfigs2B[] = {{16, 16}, {32, 32}, {32, 128}, {32, 64}, {16, 64}};
 constexpr int kNumTileConfigs = 5;
+constexpr int kDefaultTileLookbackConfig = 2;  // see above
 constexpr int kNumSizeTileConfigs = 3;  // chosen by length; the rest by mode
 constexpr TileConfig tile_config(int elem_size, int i) {
   return elem_size == 2 ? kTileConfigs2B[i] : kTileConfigs4B[i];
@@ -79,7 +80,6 @@ inline bool channel_pairs(const ScanParams& p, int elem_size) {
   }
   return true;
 }
-constexpr int kDefaultTileLookbackConfig = 2;
 
 // Stream kernel configs (elements per thread E, threads per block NT, staged tiles per
 // block), Hopper and later: a block per sequence fed by bulk copies STAGES tiles ahead. A tile
