@@ -1,5 +1,7 @@
 // Definition of launch_scan: picks the compiled template the plan names.
 #pragma once
+#include <type_traits>
+
 #include "scan_channel.cuh"
 #include "scan_launch.h"
 #include "scan_stream.cuh"
@@ -21,42 +23,13 @@ inline LookbackState lookback_state(const ScanPlan& plan, void* workspace) {
   return lb;
 }
 
-template <typename T, bool kBackward, int I = 0>
-cudaError_t launch_tile(const ScanParams& p, const ScanPlan& plan, const TileArgs& args, cudaStream_t stream) {
-  if constexpr (I < kNumTileConfigs) {
-    constexpr TileConfig cfg = tile_config(sizeof(T), I);
-    if (plan.config != I) return launch_tile<T, kBackward, I + 1>(p, plan, args, stream);
-    scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
-    return cudaGetLastError();
-  } else {
-    return cudaErrorInvalidConfiguration;
-  }
-}
-
-template <typename T, bool kBackward, int I = 0>
-cudaError_t launch_channel(const ScanParams& p, const ScanPlan& plan, const ChannelArgs& args, cudaStream_t stream) {
-  if constexpr (I < kNumChannelConfigs) {
-    constexpr ChannelConfig cfg = kChannelConfigs[I];
-    if (plan.config != I) return launch_channel<T, kBackward, I + 1>(p, plan, args, stream);
-    scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, kBackward>
-        <<<plan.grid, cfg.threads(), 0, stream>>>(p, args);
-    return cudaGetLastError();
-  } else {
-    return cudaErrorInvalidConfiguration;
-  }
-}
-
-template <typename T, bool kBackward, int I = 0>
-cudaError_t launch_stream(const ScanParams& p, const ScanPlan& plan, const StreamArgs& args, cudaStream_t stream) {
-  if constexpr (I < kNumStreamConfigs) {
-    constexpr StreamConfig cfg = stream_config(sizeof(T), I);
-    if (plan.config != I) return launch_stream<T, kBackward, I + 1>(p, plan, args, stream);
-    constexpr auto kernel = scan_stream_kernel<T, cfg.elems, cfg.threads, cfg.stages(kBackward), kBackward>;
-    constexpr size_t smem = cfg.smem_bytes(sizeof(T), kBackward);
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-    kernel<<<plan.grid, cfg.threads, smem, stream>>>(p, args);
-    return cudaGetLastError();
+// Calls f(std::integral_constant<int, I>{}) for I == index: a run-time config index turned into
+// the compile-time one that picks a kernel template.
+template <int N, int I = 0, typename F>
+cudaError_t with_config(int index, F&& f) {
+  if constexpr (I < N) {
+    if (index == I) return f(std::integral_constant<int, I>{});
+    return with_config<N, I + 1>(index, f);
   } else {
     return cudaErrorInvalidConfiguration;
   }
@@ -73,14 +46,30 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
   const LookbackState lb = lookback_state(plan, workspace);
   switch (plan.kind) {
     case ScanKind::kTile:
-      return launch_tile<T, kBackward>(p, plan, TileArgs{plan.num_chunks, plan.per_chunk, plan.vec_mask, lb}, stream);
+      return with_config<kNumTileConfigs>(plan.config, [&](auto i) {
+        constexpr TileConfig cfg = tile_config(sizeof(T), i);
+        const TileArgs args{plan.num_chunks, plan.per_chunk, plan.vec_mask, lb};
+        scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+        return cudaGetLastError();
+      });
     case ScanKind::kStream:
-      return launch_stream<T, kBackward>(p, plan, StreamArgs{plan.num_chunks, plan.vec_mask, lb}, stream);
+      return with_config<kNumStreamConfigs>(plan.config, [&](auto i) {
+        constexpr StreamConfig cfg = stream_config(sizeof(T), i);
+        constexpr auto kernel = scan_stream_kernel<T, cfg.elems, cfg.threads, cfg.stages(kBackward), kBackward>;
+        constexpr size_t smem = cfg.smem_bytes(sizeof(T), kBackward);
+        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        if (err != cudaSuccess) return err;
+        kernel<<<plan.grid, cfg.threads, smem, stream>>>(p, StreamArgs{plan.num_chunks, plan.vec_mask});
+        return cudaGetLastError();
+      });
     case ScanKind::kChannel:
-      return launch_channel<T, kBackward>(
-          p, plan,
-          ChannelArgs{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, kChannelConfigs[plan.config].channels()), lb},
-          stream);
+      return with_config<kNumChannelConfigs>(plan.config, [&](auto i) {
+        constexpr ChannelConfig cfg = kChannelConfigs[i];
+        const ChannelArgs args{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, cfg.channels()), lb};
+        scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, kBackward>
+            <<<plan.grid, cfg.threads(), 0, stream>>>(p, args);
+        return cudaGetLastError();
+      });
   }
   return cudaErrorInvalidConfiguration;
 }

@@ -28,7 +28,6 @@ namespace linrec {
 struct StreamArgs {
   int64_t num_chunks;  // tiles per sequence
   unsigned vec_mask;   // slots that take 16-byte vector accesses (every streamed input does)
-  LookbackState lb;    // unused (no look-back): TileCarry's type only
 };
 
 template <typename T, int E, int NT, int STAGES, bool kBackward>
@@ -148,7 +147,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
   }
   __syncthreads();
 
-  TileCarry carry{0.f, false, args.lb, seq, p.num_seq, 0, 0};
+  TileCarry carry{0.f, false, LookbackState{}, seq, p.num_seq, 0, 0};
   for (int it = 0;; ++it) {
     const int st = it % STAGES;
     while (!cuda::ptx::mbarrier_try_wait_parity(&bar[st], static_cast<uint32_t>((it / STAGES) & 1))) {
