@@ -1,9 +1,11 @@
 """Op glue for ``torch.ops.linrec``: fake (meta) kernels and autograd, each written once.
 
 ``linrec::scan`` / ``linrec::scan_backward`` are defined in C++ (csrc/module.cpp) with CPU and
-CUDA kernels; ``linrec::scan_triton`` / ``linrec::scan_backward_triton`` are Triton ops
-(torch_linrec/triton). Every forward op gets the same autograd formula through
-:func:`register_scan_autograd`, parameterized by its backward op.
+CUDA kernels, and the autograd of ``linrec::scan`` is registered in C++ too
+(csrc/scan_autograd.cpp: the Python autograd wrapper costs about 50 us of host time per call,
+more than the kernels of a small call). ``linrec::scan_triton`` / ``linrec::scan_backward_triton``
+are Triton ops (torch_linrec/triton) whose autograd is :func:`register_scan_autograd` below:
+the same formula, ``scan_backward`` then ``initial``'s gradient summed to its shape.
 """
 from __future__ import annotations
 
@@ -63,5 +65,3 @@ def register_scan_autograd(forward_op, backward_op) -> None:
 
     torch.library.register_autograd(forward_op, backward, setup_context=_setup_context)
 
-
-register_scan_autograd("linrec::scan", torch.ops.linrec.scan_backward)
