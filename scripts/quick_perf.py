@@ -11,15 +11,24 @@ CASES = [("many-short", (131072, 1024), -1, torch.float32), ("few-long", (128, 2
          ("bf16-many-short", (131072, 1024), -1, torch.bfloat16), ("bf16-mamba-BLD", (8, 4096, 4096), 1, torch.bfloat16),
          ("small-call", (1, 1024, 2048), 1, torch.float32)]
 # Named on the command line only: probes of the many-short cases with 4x longer rows (4x fewer blocks).
-EXTRA = [("probe-4096", (32768, 4096), -1, torch.float32), ("bf16-probe-4096", (32768, 4096), -1, torch.bfloat16)]
+EXTRA = [("probe-4096", (32768, 4096), -1, torch.float32), ("bf16-probe-4096", (32768, 4096), -1, torch.bfloat16),
+         ("few-long-pad256", (128, 2**20), -1, torch.float32), ("few-long-pad32", (128, 2**20), -1, torch.float32)]
+# Probes whose rows are sliced from wider storage (row stride L + pad): DRAM placement of the rows.
+PAD = {"few-long-pad256": 256, "few-long-pad32": 32}
+
+
+def make(shape, dt, pad, fill):
+    full = fill((*shape[:-1], shape[-1] + pad), device="cuda", dtype=dt)
+    return full[..., :shape[-1]] if pad else full
 def main():
     sel = sys.argv[1:]
     for name, shape, dim, dt in CASES + EXTRA:
         if (sel and name not in sel) or (not sel and (name, shape, dim, dt) in EXTRA):
             continue
-        x = torch.randn(shape, device="cuda", dtype=dt)
-        c = (torch.rand(shape, device="cuda", dtype=dt) * 0.5 + 0.5)
-        g = torch.randn(shape, device="cuda", dtype=dt)
+        pad = PAD.get(name, 0)
+        x = make(shape, dt, pad, torch.randn)
+        c = make(shape, dt, pad, torch.rand).mul_(0.5).add_(0.5)
+        g = make(shape, dt, pad, torch.randn)
         t_add = do_bench(lambda: torch.add(x, c), warmup=25, rep=100, return_mode="median")
         t_f = do_bench(lambda: torch.ops.linrec.scan(x, c, None, dim, False), warmup=25, rep=100, return_mode="median")
         y = torch.ops.linrec.scan(x, c, None, dim, False)

@@ -101,9 +101,9 @@ struct StreamConfig {
 // 4: 16 KB tiles over 512 threads x 4 / 3 stages: 128 / 144 KB: twice the warps to hide the
 // per-tile latency (the 256-thread block issued an instruction every 5.2 cycles per scheduler,
 // ncu, few-long on the H200); the default.
-constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 4, 3}, {16, 256, 3, 2}, {8, 256, 6, 4}, {8, 256, 4, 3},
+constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 4, 3}, {16, 512, 3, 2}, {8, 256, 6, 4}, {8, 256, 4, 3},
                                              {8, 512, 4, 3}};
-constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 4, 3}, {32, 256, 3, 2}, {16, 256, 6, 4}, {16, 256, 4, 3},
+constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 4, 3}, {16, 512, 6, 4}, {16, 256, 6, 4}, {16, 256, 4, 3},
                                              {16, 512, 4, 3}};
 constexpr int kNumStreamConfigs = 5;
 constexpr int kDefaultStreamConfig[2] = {4, 4};  // forward, backward: few-long 0.64 / 0.66 vs 0.57 / 0.59 (0)
