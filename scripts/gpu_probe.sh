@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Short probe run on the GPU machine: build, quick_perf on the named cases ($PERF_CASES), the
-# stream-config sweep ($SWEEP) on few-long, the main job on $BENCH_CASES, CUDA tests matching $TEST_K.
+# stream-config sweep ($SWEEP) on few-long, the channel-config sweep ($CHANNEL_SWEEP), the main job on $BENCH_CASES, CUDA tests matching $TEST_K.
 #   OUT=dir PERF_CASES="few-long" SWEEP="1 4" BENCH_CASES=small-call TEST_K=compile bash scripts/gpu_probe.sh
 set -uo pipefail
 OUT=${OUT:-out}
@@ -18,6 +18,10 @@ echo "build $(( $(date +%s) - start )) s"; grep -i "spill" "$OUT/build.log" | gr
 for cfg in ${SWEEP:-}; do
   echo "TORCH_LINREC_CUDA_STREAM_CONFIG=$cfg" | tee -a "$OUT/perf.log"
   TORCH_LINREC_CUDA_STREAM_CONFIG=$cfg python3 scripts/quick_perf.py ${SWEEP_CASES:-few-long} 2>&1 | tee -a "$OUT/perf.log"
+done
+for cfg in ${CHANNEL_SWEEP:-}; do
+  echo "TORCH_LINREC_CUDA_CHANNEL_CONFIG=$cfg" | tee -a "$OUT/perf.log"
+  TORCH_LINREC_CUDA_CHANNEL_CONFIG=$cfg python3 scripts/quick_perf.py mamba-BLD bf16-mamba-BLD 2>&1 | tee -a "$OUT/perf.log"
 done
 [ -n "${BENCH_CASES:-}" ] && python3 -m torch_linrec --out "$OUT" --no-progress --no-plot --cases $BENCH_CASES 2>&1 \
   | tee "$OUT/bench.log" | tail -30
