@@ -2,7 +2,7 @@
 // linrec::scan_backward op, called through the dispatcher so compiled graphs trace it.
 //
 // Why C++ and not torch.library.register_autograd: the Python autograd wrapper costs
-// about 50 us of host time per forward+backward call (93 vs 45 us measured on the
+// about 45 us of host time per forward+backward call (93 vs 49 us measured on the
 // 2-core dev CPU for a 1x4x8 tensor, see bench/NOTES.md), which is longer than the
 // kernels of a small call such as Mamba's decoding-size 1x1024x2048 on the H100. The
 // Triton ops keep the Python registration of torch_linrec/ops.py (same formula).

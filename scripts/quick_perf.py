@@ -20,6 +20,8 @@ PAD = {"few-long-pad256": 256, "few-long-pad32": 32}
 def make(shape, dt, pad, fill):
     full = fill((*shape[:-1], shape[-1] + pad), device="cuda", dtype=dt)
     return full[..., :shape[-1]] if pad else full
+
+
 def main():
     sel = sys.argv[1:]
     for name, shape, dim, dt in CASES + EXTRA:

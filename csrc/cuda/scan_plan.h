@@ -66,8 +66,10 @@ constexpr ChannelConfig kChannelConfigs[] = {{16, 8, 2, 1}, {16, 4, 5, 1}, {32, 
 constexpr int kNumChannelConfigs = 5;
 // On the H100 the float32 forward is faster with pairs (mamba-BLD 0.97 vs 0.92 of torch.add for
 // {16,8,2,1}; bfloat16: 0.36 vs 0.44), unlike on the H200 above: pairs for the 4-byte forward.
-constexpr int kDefaultChannelConfig[2] = {0, 0};  // forward, backward
-constexpr int default_channel_pair_config(int elem_size, bool backward) { return backward || elem_size == 4 ? 4 : 0; }
+// Default config: {8,16,1,2} where pairs apply (backward, 4-byte forward), else {16,8,2,1}.
+constexpr int default_channel_config(bool pairs, int elem_size, bool backward) {
+  return pairs && (backward || elem_size == 4) ? 4 : 0;
+}
 
 // Whether the channel kernel may take two adjacent channels per lane: every strided operand
 // has unit stride between channels, an even number of them per row, and pair-aligned steps.
@@ -209,8 +211,7 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int c
   } else {
     plan.kind = ScanKind::kChannel;
     const bool pairs = channel_pairs(p, elem_size);
-    const int fallback =
-        pairs ? default_channel_pair_config(elem_size, p.backward) : kDefaultChannelConfig[p.backward];
+    const int fallback = default_channel_config(pairs, elem_size, p.backward);
     plan.config = config_override("TORCH_LINREC_CUDA_CHANNEL_CONFIG", fallback, kNumChannelConfigs);
     if (plan.config < 0 || (kChannelConfigs[plan.config].cpl > 1 && !pairs)) plan.config = fallback;
     const ChannelConfig cfg = kChannelConfigs[plan.config];
