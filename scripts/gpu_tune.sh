@@ -2,6 +2,7 @@
 # Tuning run on the GPU machine in one call: build, then whichever of these the environment asks for:
 #   PERF_CASES="few-long ..."   quick_perf (native vs torch.add) on those cases ("all": the suite)
 #   SWEEP="0 1 ..."             TORCH_LINREC_CUDA_STREAM_CONFIG values on $SWEEP_CASES (default few-long)
+#   STORE_SWEEP="direct bulk"   TORCH_LINREC_CUDA_STREAM_STORE values on $SWEEP_CASES
 #   CHANNEL_SWEEP, TILE_SWEEP   the channel (mamba-BLD cases) and tile (many-short cases) configs
 #   DIAG_MEM=1                  the op-by-op peak-memory trace (scripts/diag_peak_memory.py)
 #   BENCH_CASES="small-call"    the main job on those cases
@@ -32,6 +33,7 @@ sweep() {  # sweep ENV_VAR "values" cases...
   done
 }
 sweep TORCH_LINREC_CUDA_STREAM_CONFIG "${SWEEP:-}" ${SWEEP_CASES:-few-long very-few-long}
+sweep TORCH_LINREC_CUDA_STREAM_STORE "${STORE_SWEEP:-}" ${SWEEP_CASES:-few-long very-few-long}
 sweep TORCH_LINREC_CUDA_CHANNEL_CONFIG "${CHANNEL_SWEEP:-}" mamba-BLD bf16-mamba-BLD
 sweep TORCH_LINREC_CUDA_TILE_CONFIG "${TILE_SWEEP:-}" many-short bf16-many-short
 if [ -n "${BENCH_CASES:-}" ]; then

@@ -10,9 +10,11 @@ CASES = [("many-short", (131072, 1024), -1, torch.float32), ("few-long", (128, 2
          ("very-few-long", (16, 2**22), -1, torch.float32), ("mamba-BLD", (8, 4096, 4096), 1, torch.float32),
          ("bf16-many-short", (131072, 1024), -1, torch.bfloat16), ("bf16-mamba-BLD", (8, 4096, 4096), 1, torch.bfloat16),
          ("small-call", (1, 1024, 2048), 1, torch.float32)]
-# Named on the command line only: probes of the many-short cases with 4x longer rows (4x fewer blocks).
+# Named on the command line only: probes of the many-short cases with 4x longer rows (4x fewer blocks);
+# few-long with 100 or 132 rows (a block per row: per-SM or global limit).
 EXTRA = [("probe-4096", (32768, 4096), -1, torch.float32), ("bf16-probe-4096", (32768, 4096), -1, torch.bfloat16),
-         ("few-long-pad256", (128, 2**20), -1, torch.float32), ("few-long-pad32", (128, 2**20), -1, torch.float32)]
+         ("few-long-pad256", (128, 2**20), -1, torch.float32), ("few-long-pad32", (128, 2**20), -1, torch.float32),
+         ("few-long-r100", (100, 2**20), -1, torch.float32), ("few-long-r132", (132, 2**20), -1, torch.float32)]
 # Probes whose rows are sliced from wider storage (row stride L + pad): DRAM placement of the rows.
 PAD = {"few-long-pad256": 256, "few-long-pad32": 32}
 

@@ -52,6 +52,16 @@ def test_stream_kernel_configs(length, reverse, dtype, config, monkeypatch):
     check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("length", _LENGTHS)
+def test_stream_kernel_direct_stores(length, reverse, dtype, monkeypatch):
+    """The stream kernel's outputs stored from registers instead of bulk stores from shared memory."""
+    monkeypatch.setenv("TORCH_LINREC_CUDA_STREAM_STORE", "direct")
+    x, c, h0 = _rows(_stream_rows(), length, dtype, seed=length)
+    check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
+
+
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 def test_stream_kernel_broadcast_and_batch_dims(reverse):
     """Coefficients shared by all rows (batch stride 0), two batch dims, initial state absent or broadcast."""

@@ -59,7 +59,7 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
         constexpr size_t smem = cfg.smem_bytes(sizeof(T), kBackward);
         const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         if (err != cudaSuccess) return err;
-        kernel<<<plan.grid, cfg.threads, smem, stream>>>(p, StreamArgs{plan.num_chunks, plan.vec_mask});
+        kernel<<<plan.grid, cfg.threads, smem, stream>>>(p, StreamArgs{plan.num_chunks, plan.vec_mask, plan.bulk_mask});
         return cudaGetLastError();
       });
     case ScanKind::kChannel:

@@ -94,9 +94,11 @@ struct StreamConfig {
   int elems, threads, stages_forward, stages_backward;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
   constexpr int stages(bool backward) const { return backward ? stages_backward : stages_forward; }
-  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x (tile + two 16-byte halos).
+  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x (tile + two 16-byte halos),
+  // and two tiles of each output (1 forward, 2 backward) for the bulk stores.
   constexpr size_t smem_bytes(int elem_size, bool backward) const {
-    return size_t(stages(backward)) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 32);
+    return size_t(stages(backward)) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 32) +
+           size_t(2) * (backward ? 2 : 1) * size_t(tile()) * elem_size;
   }
 };
 // Shared memory forward / backward (at most 227 KB per block):
@@ -116,7 +118,8 @@ constexpr StreamConfig stream_config(int elem_size, int i) {
 }
 
 // Tuning overrides for experiments: TORCH_LINREC_CUDA_CHANNEL_CONFIG, _TILE_CONFIG,
-// _TILE_LOOKBACK_CONFIG, _STREAM_CONFIG (an index, or "off": no stream kernel).
+// _TILE_LOOKBACK_CONFIG, _STREAM_CONFIG (an index, or "off": no stream kernel), and
+// TORCH_LINREC_CUDA_STREAM_STORE=direct (stream kernel outputs stored from registers).
 inline int config_override(const char* name, int fallback, int count) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -138,6 +141,7 @@ struct ScanPlan {
   int64_t per_chunk;       // tiles (tile kernel) or spans (channel kernel) each block walks
   int64_t grid;            // blocks
   unsigned vec_mask;       // tile and stream kernels: slots that take 16-byte vector accesses
+  unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
   size_t workspace_bytes;  // look-back status (0 without look-back)
   size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
 };
@@ -198,6 +202,9 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, int num_sms, int c
       plan.config = stream_cfg;
       plan.num_chunks = ceil_div(L, stream_config(elem_size, stream_cfg).tile());
       plan.per_chunk = plan.num_chunks;
+      const unsigned outs = p.backward ? (1u << kGradIn) | (p.accumulate_grad_coeff ? 0u : 1u << kGradCoeff) : 1u << kOut;
+      const char* store = std::getenv("TORCH_LINREC_CUDA_STREAM_STORE");
+      if (!(store && std::strcmp(store, "direct") == 0)) plan.bulk_mask = plan.vec_mask & outs;
     } else {
       // Fewer sequences than SMs (or no bulk copies): one tile per block, tiles of a sequence
       // chained by look-back.

@@ -28,6 +28,7 @@ namespace linrec {
 struct StreamArgs {
   int64_t num_chunks;  // tiles per sequence
   unsigned vec_mask;   // slots that take 16-byte vector accesses (every streamed input does)
+  unsigned bulk_mask;  // output slots whose full tiles leave through shared memory in bulk stores
 };
 
 template <typename T, int E, int NT, int STAGES, bool kBackward>
@@ -36,6 +37,7 @@ struct StreamShape {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   static constexpr int kVecsPerThread = E / kVec;
   static constexpr int kStreams = kBackward ? 3 : 2;  // x or grad_y, coeffs, (y)
+  static constexpr int kOuts = kBackward ? 2 : 1;     // y, or dx and dc
   static constexpr int kRegion = kTile + 2 * kVec;    // a 16-byte halo slot on each side
   static_assert(E % kVec == 0 && (kVecsPerThread & (kVecsPerThread - 1)) == 0 && kVecsPerThread <= 8,
                 "a thread reads a power of two of 16-byte vectors, at most 8");
@@ -121,12 +123,24 @@ __device__ __forceinline__ void load_operands(const T* region, const SeqTensors<
   }
 }
 
+// Output slot j of the stream kernel (forward: y; backward: dx, dc) and its pointer, signed stride.
+template <typename T, bool kBackward>
+__device__ __forceinline__ int out_slot(int j) {
+  return kBackward ? (j == 0 ? kGradIn : kGradCoeff) : kOut;
+}
+template <typename T>
+__device__ __forceinline__ T* out_base(const SeqTensors<T>& s, int slot, int64_t& ls) {
+  ls = slot == kOut ? s.ls_y : (slot == kGradIn ? s.ls_dx : s.ls_dc);
+  return slot == kOut ? s.y : (slot == kGradIn ? s.dx : s.dc);
+}
+
 template <typename T, int E, int NT, int STAGES, bool kBackward>
 __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, const StreamArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* const staged = reinterpret_cast<T*>(smem_raw);
+  T* const outbuf = reinterpret_cast<T*>(smem_raw);        // 2 x kOuts tiles: outputs to bulk-store
+  T* const staged = outbuf + 2 * S::kOuts * S::kTile;      // STAGES x kStreams regions: inputs
   __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
   __shared__ __align__(8) uint64_t bar[STAGES];
   __shared__ int64_t s_vid[STAGES];
@@ -140,6 +154,20 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
     stage_tile<T, E, NT, STAGES, kBackward>(p, vid, num_tiles, staged + st * S::kStreams * S::kRegion, &bar[st],
                                             &s_vid[st], s_off[st]);
   };
+  // Thread 0: global destinations of the outputs staged in outbuf by the previous tile (null: none).
+  T* pending[S::kOuts] = {};
+  auto store_pending = [&](int buf) {
+    bool any = false;
+#pragma unroll
+    for (int j = 0; j < S::kOuts; ++j) {
+      if (!pending[j]) continue;
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, pending[j],
+                               outbuf + (buf * S::kOuts + j) * S::kTile, static_cast<uint32_t>(S::kTile * sizeof(T)));
+      pending[j] = nullptr;
+      any = true;
+    }
+    if (any) cuda::ptx::cp_async_bulk_commit_group();
+  };
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; ++st) cuda::ptx::mbarrier_init(&bar[st], 1);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
@@ -148,7 +176,8 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
   __syncthreads();
 
   TileCarry carry{0.f, false, LookbackState{}, seq, p.num_seq, 0, 0};
-  for (int it = 0;; ++it) {
+  int it = 0;
+  for (;; ++it) {
     const int st = it % STAGES;
     while (!cuda::ptx::mbarrier_try_wait_parity(&bar[st], static_cast<uint32_t>((it / STAGES) & 1))) {
     }
@@ -162,9 +191,39 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
     float v[E], c[E], yn[E];
     load_operands<T, E, NT, STAGES, kBackward>(staged + st * S::kStreams * S::kRegion, s, L, t0, args.vec_mask, v,
                                                c, yn);
-    __syncthreads();  // stage st and scan_storage are free: refill st while this tile is scanned
-    if (threadIdx.x == 0) stage_next(st);
-    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, args.vec_mask, v, c, yn);
+    // outbuf[it & 1] was bulk-stored from two tiles ago: its reads must be done before the barrier
+    if (threadIdx.x == 0 && args.bulk_mask) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+    __syncthreads();  // stage st, scan_storage and outbuf[it & 1] are free; outbuf[(it + 1) & 1] is written
+    if (threadIdx.x == 0) {
+      store_pending((it + 1) & 1);
+      stage_next(st);
+    }
+    Affine prefix;
+    cub::BlockScan<Affine, NT>(scan_storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
+    const float h_last = replay_steps<E>(prefix.b, nv, v, c);
+    if constexpr (kBackward) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) yn[i] *= v[i];
+    }
+    const unsigned bulk = t0 + S::kTile <= L ? args.bulk_mask : 0u;
+    if (bulk) {
+#pragma unroll
+      for (int j = 0; j < S::kOuts; ++j) {
+        const int slot = out_slot<T, kBackward>(j);
+        if (!(bulk >> slot & 1)) continue;
+        int64_t ls;
+        T* base = out_base<T>(s, slot, ls);
+        write_chunk<T, E, NT>(outbuf + ((it & 1) * S::kOuts + j) * S::kTile, ls < 0, j == 0 ? v : yn);
+        if (threadIdx.x == 0) pending[j] = ls > 0 ? base + t0 : base - (t0 + S::kTile - 1);
+      }
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // visible to the bulk store
+    }
+    store_outputs<T, E, kBackward>(s, L, tf, nv, args.vec_mask, bulk, h_last, v, yn);
+  }
+  __syncthreads();  // the last tile's outputs are in outbuf
+  if (threadIdx.x == 0) {
+    store_pending((it + 1) & 1);
+    cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
   }
 #else
   __trap();  // planned only on compute capability >= 9.0

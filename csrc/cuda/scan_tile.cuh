@@ -154,12 +154,10 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
   }
 }
 
-// Replays a thread's steps from the state `h` before them and stores the outputs.
-// (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
-// many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
-template <typename T, int E, bool kBackward>
-__device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
-                                                 float h, float (&v)[E], const float (&c)[E], float (&yn)[E]) {
+// Replays a thread's steps from the state `h` before them: v becomes the states (the
+// forward's y, the backward's dx); returns the state after the thread's last valid step.
+template <int E>
+__device__ __forceinline__ float replay_steps(float h, int nv, float (&v)[E], const float (&c)[E]) {
   float h_last = 0.f;
 #pragma unroll
   for (int i = 0; i < E; ++i) {
@@ -167,17 +165,37 @@ __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t
     v[i] = h;
     if (i < nv) h_last = h;
   }
+  return h_last;
+}
+
+// Stores a thread's outputs after replay_steps (backward: `yn` holds dc) except the slots in
+// `skip` (staged for a bulk store by the caller).
+template <typename T, int E, bool kBackward>
+__device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
+                                              unsigned skip, float h_last, const float (&v)[E], const float (&yn)[E]) {
   if constexpr (!kBackward) {
-    store_steps<T, E>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, v);
+    if (!(skip >> kOut & 1)) store_steps<T, E>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, v);
   } else {
-#pragma unroll
-    for (int i = 0; i < E; ++i) yn[i] *= v[i];
-    store_steps<T, E>(s.dx, s.ls_dx, tf, nv, vm >> kGradIn & 1, v);
+    if (!(skip >> kGradIn & 1)) store_steps<T, E>(s.dx, s.ls_dx, tf, nv, vm >> kGradIn & 1, v);
     if (s.dc_acc) accumulate_steps<E>(s.dc_acc, s.ls_dc, tf, nv, yn, /*warp_uniform_address=*/true);
-    else store_steps<T, E>(s.dc, s.ls_dc, tf, nv, vm >> kGradCoeff & 1, yn);
+    else if (!(skip >> kGradCoeff & 1)) store_steps<T, E>(s.dc, s.ls_dc, tf, nv, vm >> kGradCoeff & 1, yn);
     if (nv > 0 && tf + nv == L)  // this thread holds the last step: d initial = c[L-1] * g[L-1]
       *s.dh0 = from_float<T>(to_float(s.cf[(L - 1) * s.ls_c]) * h_last);
   }
+}
+
+// Replays a thread's steps from the state `h` before them and stores the outputs.
+// (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
+// many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
+template <typename T, int E, bool kBackward>
+__device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
+                                                 float h, float (&v)[E], const float (&c)[E], float (&yn)[E]) {
+  const float h_last = replay_steps<E>(h, nv, v, c);
+  if constexpr (kBackward) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) yn[i] *= v[i];
+  }
+  store_outputs<T, E, kBackward>(s, L, tf, nv, vm, 0u, h_last, v, yn);
 }
 
 // The affine map of a thread's E steps.

@@ -1,4 +1,4 @@
-// A tile of NT * E steps read from shared memory into registers in 16-byte vectors.
+// A tile of NT * E steps read from (written to) shared memory in 16-byte vectors.
 //
 // Thread i holds the steps [i E, (i+1) E) of the tile in walk order ("blocked"): in memory
 // order its "chunk" is i (forward walk) or NT-1-i (reverse walk, elements reversed).
@@ -27,6 +27,26 @@ template <> __device__ __forceinline__ void unpack_vec<__nv_bfloat16>(uint4 u, f
     f[2 * k] = __uint_as_float(w[k] << 16);
     f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
   }
+}
+
+// A 16-byte vector of T from floats (round to nearest even).
+template <typename T> __device__ __forceinline__ uint4 pack_vec(const float (&f)[16 / sizeof(T)]);
+template <> __device__ __forceinline__ uint4 pack_vec<float>(const float (&f)[4]) {
+  return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+__device__ __forceinline__ unsigned short bits_of(__half v) { return __half_as_ushort(v); }
+__device__ __forceinline__ unsigned short bits_of(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+template <typename T>
+__device__ __forceinline__ unsigned pack_pair(float lo, float hi) {
+  return static_cast<unsigned>(bits_of(from_float<T>(lo))) | static_cast<unsigned>(bits_of(from_float<T>(hi))) << 16;
+}
+template <> __device__ __forceinline__ uint4 pack_vec<__half>(const float (&f)[8]) {
+  return make_uint4(pack_pair<__half>(f[0], f[1]), pack_pair<__half>(f[2], f[3]), pack_pair<__half>(f[4], f[5]),
+                    pack_pair<__half>(f[6], f[7]));
+}
+template <> __device__ __forceinline__ uint4 pack_vec<__nv_bfloat16>(const float (&f)[8]) {
+  return make_uint4(pack_pair<__nv_bfloat16>(f[0], f[1]), pack_pair<__nv_bfloat16>(f[2], f[3]),
+                    pack_pair<__nv_bfloat16>(f[4], f[5]), pack_pair<__nv_bfloat16>(f[6], f[7]));
 }
 
 // `take ? a : b` as explicit selects: written as a conditional copy, the compiler turns the
@@ -74,6 +94,32 @@ __device__ __forceinline__ void read_chunk(const T* tile, bool rev, float (&out)
       if (!rev) out[j * kVec + e] = f[e];
       else out[E - 1 - (j * kVec + e)] = f[e];
     }
+  }
+}
+
+// Writes thread threadIdx.x's E steps into `tile` (the layout read_chunk reads, the same
+// rotation against bank conflicts).
+template <typename T, int E, int NT>
+__device__ __forceinline__ void write_chunk(T* tile, bool rev, const float (&in)[E]) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kNV = E / kVec;
+  static_assert(E % kVec == 0 && (kNV & (kNV - 1)) == 0 && kNV <= 8, "a power of two of vectors, at most 8");
+  const int chunk = rev ? NT - 1 - static_cast<int>(threadIdx.x) : threadIdx.x;
+  uint4* dst = reinterpret_cast<uint4*>(tile) + chunk * kNV;
+  const int r = rotation<kNV>(chunk);
+  uint4 packed[kNV];
+#pragma unroll
+  for (int j = 0; j < kNV; ++j) {  // vector j in memory order
+    float f[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) f[e] = rev ? in[E - 1 - (j * kVec + e)] : in[j * kVec + e];
+    packed[j] = pack_vec<T>(f);
+  }
+#pragma unroll
+  for (int k = 0; k < kNV; ++k) {  // instruction k writes vector (k + r) mod kNV
+    uint4 u = packed[0];
+#pragma unroll
+    for (int m = 1; m < kNV; ++m) u = select_vec(((k + r) & (kNV - 1)) == m, packed[m], u);
+    dst[(k + r) & (kNV - 1)] = u;
   }
 }
 
