@@ -54,45 +54,66 @@ __device__ __forceinline__ void load_staged(const T* region, bool rev, float (&o
   read_chunk<T, E, NT>(region + S::kVec, rev, out);
 }
 
-// Producer side, run by thread 0: stages tile `vid` in stage `st` (or only arrives on the
-// stage's barrier when the tile is partial or past the end), recording the tile id and its
-// sequence's slot offsets for the consumers.
+// Producer side, run by thread 0: stages tile `k` of the sequence (steps t0 = k kTile ..) in a
+// stage with one bulk copy per input, completing on the stage's barrier; a partial last tile
+// is only arrived on (the consumers read it from global memory).
 template <typename T, int E, int NT, int STAGES, bool kBackward>
-__device__ __forceinline__ void stage_tile(const ScanParams& p, int64_t vid, int64_t num_tiles, T* stage,
-                                           uint64_t* bar, int64_t* s_vid, int64_t* s_off) {
+__device__ __forceinline__ void stage_tile(const SeqTensors<T>& s, int64_t L, int64_t t0, T* stage, uint64_t* bar) {
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
-  *s_vid = vid;
-  const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
-  const int64_t t0 = chunk * S::kTile, L = p.len;
-  const bool full = vid < num_tiles && t0 + S::kTile <= L;
+  const bool full = t0 + S::kTile <= L;
   const bool c_halo = kBackward && t0 > 0;                       // c[t0-1]: the step before the tile
   const bool y_halo = kBackward && t0 + S::kTile + S::kVec <= L;  // y[t0+tile]: the step after
   uint32_t bytes = 0;
   if (full) bytes = (S::kStreams * S::kTile + (c_halo + y_halo) * S::kVec) * sizeof(T);
-  if (vid < num_tiles) {
-    const SeqIndex si(p, seq);
-#pragma unroll
-    for (int slot = 0; slot < kNumSlots; ++slot) s_off[slot] = si.offset(p, slot);
-  }
   cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
                                        bytes);
   if (!full) return;
-  // Copies walk steps [t0 + w0, t0 + w0 + cnt) of `slot` into stream `j`'s region.
-  auto copy = [&](int slot, int j, int w0, int cnt) {
-    const T* base = static_cast<const T*>(p.ptr[slot]) + s_off[slot];
-    const bool rev = p.lstride[slot] < 0;
+  // Copies walk steps [t0 + w0, t0 + w0 + cnt) of the sequence at `base` into stream `j`'s region.
+  auto copy = [&](const T* base, int64_t ls, int j, int w0, int cnt) {
+    const bool rev = ls < 0;
     const T* src = rev ? base - (t0 + w0 + cnt - 1) : base + (t0 + w0);
     T* dst = stage + j * S::kRegion + (rev ? S::kVec + S::kTile - (w0 + cnt) : S::kVec + w0);
     cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, src,
                              static_cast<uint32_t>(cnt * sizeof(T)), bar);
   };
-  copy(kIn, 0, 0, S::kTile);
-  copy(kCoeff, 1, 0, S::kTile);
+  copy(s.in, s.ls_in, 0, 0, S::kTile);
+  copy(s.cf, s.ls_c, 1, 0, S::kTile);
   if constexpr (kBackward) {
-    copy(kOut, 2, 0, S::kTile);
-    if (c_halo) copy(kCoeff, 1, -S::kVec, S::kVec);
-    if (y_halo) copy(kOut, 2, S::kTile, S::kVec);
+    copy(s.y, s.ls_y, 2, 0, S::kTile);
+    if (c_halo) copy(s.cf, s.ls_c, 1, -S::kVec, S::kVec);
+    if (y_halo) copy(s.y, s.ls_y, 2, S::kTile, S::kVec);
   }
+}
+
+// Scan of the block's thread maps with one barrier: each warp scans its lanes' maps with
+// shuffles and publishes its total; after the barrier every warp composes the totals before
+// it onto the carried state (and all of them onto the next tile's carry, the same in every
+// thread). `totals` is double-buffered by tile parity: a buffer is rewritten two barriers
+// after it was read. (cub::BlockScan's raking algorithms take two or three barriers and one
+// warp's serial raking per tile; the stream block crosses one barrier per tile.)
+// Returns the state before the thread's first step.
+template <int NT>
+__device__ __forceinline__ float scan_block_one_barrier(Affine mine, float& carry, Affine* totals) {
+  constexpr int kWarps = NT / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  Affine inc = mine;  // inclusive: lanes 0 .. lane of this warp
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const float a = __shfl_up_sync(0xffffffffu, inc.a, d), b = __shfl_up_sync(0xffffffffu, inc.b, d);
+    if (lane >= d) inc = ComposeOp()(Affine{a, b}, inc);
+  }
+  if (lane == 31) totals[warp] = inc;
+  __syncthreads();
+  float h = carry, h_warp = carry;  // state before warp w, then after the tile
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w == warp) h_warp = h;
+    const Affine t = totals[w];
+    h = fmaf(t.a, h, t.b);
+  }
+  carry = h;
+  const float a = __shfl_up_sync(0xffffffffu, inc.a, 1), b = __shfl_up_sync(0xffffffffu, inc.b, 1);
+  return lane == 0 ? h_warp : fmaf(a, h_warp, b);
 }
 
 // A thread's operands of the tile staged in `st` (from global memory when the tile is partial).
@@ -139,21 +160,17 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* const outbuf = reinterpret_cast<T*>(smem_raw);        // 2 x kOuts tiles: outputs to bulk-store
-  T* const staged = outbuf + 2 * S::kOuts * S::kTile;      // STAGES x kStreams regions: inputs
-  __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
+  T* const outbuf = reinterpret_cast<T*>(smem_raw);    // 2 x kOuts tiles: outputs to bulk-store
+  T* const staged = outbuf + 2 * S::kOuts * S::kTile;  // STAGES x kStreams regions: inputs
+  __shared__ Affine totals[2][NT / 32];
   __shared__ __align__(8) uint64_t bar[STAGES];
-  __shared__ int64_t s_vid[STAGES];
-  __shared__ int64_t s_off[STAGES][kNumSlots];
+  __shared__ int64_t s_off[kNumSlots];
 
-  const int64_t seq = blockIdx.x, num_tiles = p.num_seq * args.num_chunks, L = p.len;
-  int64_t next_tile = 0;  // thread 0: the tile of this sequence staged next
-  auto stage_next = [&](int st) {
-    const int64_t vid = next_tile < args.num_chunks ? next_tile * p.num_seq + seq : num_tiles;
-    ++next_tile;
-    stage_tile<T, E, NT, STAGES, kBackward>(p, vid, num_tiles, staged + st * S::kStreams * S::kRegion, &bar[st],
-                                            &s_vid[st], s_off[st]);
-  };
+  const int64_t L = p.len, num_tiles = args.num_chunks;
+  if (threadIdx.x < kNumSlots) s_off[threadIdx.x] = SeqIndex(p, blockIdx.x).offset(p, threadIdx.x);
+  __syncthreads();
+  const SeqTensors<T> s(p, s_off);
+  auto region = [&](int64_t k) { return staged + (k % STAGES) * S::kStreams * S::kRegion; };
   // Thread 0: global destinations of the outputs staged in outbuf by the previous tile (null: none).
   T* pending[S::kOuts] = {};
   auto store_pending = [&](int buf) {
@@ -171,36 +188,30 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; ++st) cuda::ptx::mbarrier_init(&bar[st], 1);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-    for (int st = 0; st < STAGES; ++st) stage_next(st);
+    for (int64_t k = 0; k < STAGES && k < num_tiles; ++k)
+      stage_tile<T, E, NT, STAGES, kBackward>(s, L, k * S::kTile, region(k), &bar[k]);
   }
   __syncthreads();
 
-  TileCarry carry{0.f, false, LookbackState{}, seq, p.num_seq, 0, 0};
-  int it = 0;
-  for (;; ++it) {
-    const int st = it % STAGES;
+  float carry = kBackward ? 0.f : s.init;
+  for (int64_t it = 0; it < num_tiles; ++it) {
+    const int st = static_cast<int>(it % STAGES), buf = static_cast<int>(it & 1);
     while (!cuda::ptx::mbarrier_try_wait_parity(&bar[st], static_cast<uint32_t>((it / STAGES) & 1))) {
     }
-    const int64_t vid = s_vid[st];
-    if (vid >= num_tiles) break;  // the sequence is done and no copy is left in flight
-    const int64_t t0 = (vid / p.num_seq) * S::kTile;
-    const SeqTensors<T> s(p, s_off[st], /*load_init=*/t0 == 0 || (kBackward && t0 + S::kTile >= L));
-    if (t0 == 0) carry.carry = kBackward ? 0.f : s.init;
+    const int64_t t0 = it * S::kTile;
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
     const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
     float v[E], c[E], yn[E];
-    load_operands<T, E, NT, STAGES, kBackward>(staged + st * S::kStreams * S::kRegion, s, L, t0, args.vec_mask, v,
-                                               c, yn);
-    // outbuf[it & 1] was bulk-stored from two tiles ago: its reads must be done before the barrier
+    load_operands<T, E, NT, STAGES, kBackward>(region(it), s, L, t0, args.vec_mask, v, c, yn);
+    // outbuf[buf] was bulk-stored from at the last barrier: its reads must be done before this one
     if (threadIdx.x == 0 && args.bulk_mask) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-    __syncthreads();  // stage st, scan_storage and outbuf[it & 1] are free; outbuf[(it + 1) & 1] is written
-    if (threadIdx.x == 0) {
-      store_pending((it + 1) & 1);
-      stage_next(st);
+    const float h = scan_block_one_barrier<NT>(reduce_steps<E>(v, c), carry, totals[buf]);
+    if (threadIdx.x == 0) {  // past the barrier: every thread has read stage st and written outbuf[buf ^ 1]
+      store_pending(buf ^ 1);
+      if (it + STAGES < num_tiles)
+        stage_tile<T, E, NT, STAGES, kBackward>(s, L, (it + STAGES) * S::kTile, region(it), &bar[st]);
     }
-    Affine prefix;
-    cub::BlockScan<Affine, NT>(scan_storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
-    const float h_last = replay_steps<E>(prefix.b, nv, v, c);
+    const float h_last = replay_steps<E>(h, nv, v, c);
     if constexpr (kBackward) {
 #pragma unroll
       for (int i = 0; i < E; ++i) yn[i] *= v[i];
@@ -213,7 +224,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
         if (!(bulk >> slot & 1)) continue;
         int64_t ls;
         T* base = out_base<T>(s, slot, ls);
-        write_chunk<T, E, NT>(outbuf + ((it & 1) * S::kOuts + j) * S::kTile, ls < 0, j == 0 ? v : yn);
+        write_chunk<T, E, NT>(outbuf + (buf * S::kOuts + j) * S::kTile, ls < 0, j == 0 ? v : yn);
         if (threadIdx.x == 0) pending[j] = ls > 0 ? base + t0 : base - (t0 + S::kTile - 1);
       }
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // visible to the bulk store
@@ -222,7 +233,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
   }
   __syncthreads();  // the last tile's outputs are in outbuf
   if (threadIdx.x == 0) {
-    store_pending((it + 1) & 1);
+    store_pending(static_cast<int>((num_tiles - 1) & 1));
     cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
   }
 #else
