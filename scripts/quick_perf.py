@@ -14,9 +14,10 @@ CASES = [("many-short", (131072, 1024), -1, torch.float32), ("few-long", (128, 2
 # few-long with 100 or 132 rows (a block per row: per-SM or global limit).
 EXTRA = [("probe-4096", (32768, 4096), -1, torch.float32), ("bf16-probe-4096", (32768, 4096), -1, torch.bfloat16),
          ("few-long-pad256", (128, 2**20), -1, torch.float32), ("few-long-pad32", (128, 2**20), -1, torch.float32),
+         ("few-long-pad4096", (128, 2**20), -1, torch.float32),
          ("few-long-r100", (100, 2**20), -1, torch.float32), ("few-long-r132", (132, 2**20), -1, torch.float32)]
 # Probes whose rows are sliced from wider storage (row stride L + pad): DRAM placement of the rows.
-PAD = {"few-long-pad256": 256, "few-long-pad32": 32}
+PAD = {"few-long-pad256": 256, "few-long-pad32": 32, "few-long-pad4096": 4096}
 
 
 def make(shape, dt, pad, fill):

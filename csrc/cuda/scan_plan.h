@@ -108,10 +108,10 @@ struct StreamConfig {
 // per-tile latency (the 256-thread block issued an instruction every 5.2 cycles per scheduler,
 // ncu, few-long on the H200); the default.
 constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 4, 3}, {16, 256, 3, 2}, {8, 256, 6, 4}, {8, 256, 4, 3},
-                                             {8, 512, 4, 3}};
+                                             {8, 512, 4, 3}, {8, 512, 6, 3}, {8, 512, 5, 3}};
 constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 4, 3}, {32, 256, 3, 2}, {16, 256, 6, 4}, {16, 256, 4, 3},
-                                             {16, 512, 4, 3}};
-constexpr int kNumStreamConfigs = 5;
+                                             {16, 512, 4, 3}, {16, 512, 6, 3}, {16, 512, 5, 3}};
+constexpr int kNumStreamConfigs = 7;
 constexpr int kDefaultStreamConfig[2] = {4, 4};  // forward, backward: few-long 0.64 / 0.66 vs 0.57 / 0.59 (0)
 constexpr StreamConfig stream_config(int elem_size, int i) {
   return elem_size == 2 ? kStreamConfigs2B[i] : kStreamConfigs4B[i];
