@@ -1,4 +1,5 @@
-"""Runs one case's native forward a few times (for ncu): python scripts/profile_case.py few-long [fwd|bwd]."""
+"""Runs one case's native forward a few times (for ncu): python scripts/profile_case.py few-long [fwd|bwd|add]
+(add: torch.add on the same shape, the memory-bound reference)."""
 import sys
 
 import torch
@@ -12,7 +13,9 @@ x = torch.randn(shape, device="cuda", dtype=dt)
 c = torch.rand(shape, device="cuda", dtype=dt) * 0.5 + 0.5
 y = torch.ops.linrec.scan(x, c, None, dim, False)
 for _ in range(3):
-    if what == "fwd":
+    if what == "add":
+        torch.add(x, c)
+    elif what == "fwd":
         torch.ops.linrec.scan(x, c, None, dim, False)
     else:
         torch.ops.linrec.scan_backward(x, c, y, None, dim, False)
