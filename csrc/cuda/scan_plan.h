@@ -102,10 +102,10 @@ struct StreamConfig {
            size_t(2) * (backward ? 2 : 1) * size_t(tile()) * elem_size + 128;
   }
 };
-// Shared memory forward / backward (at most 227 KB per block):
-// 0: 16 KB tiles x 4 / 3 stages: 128 / 144 KB. 1: 16 KB x 3 / 2: 96 / 96 KB (two blocks fit
-// an SM). 2: 8 KB x 6 / 4: 96 / 96 KB. 3: 8 KB x 4 / 3: 64 / 72 KB.
-// 4: 16 KB tiles over 512 threads x 4 / 3 stages: 128 / 144 KB: twice the warps to hide the
+// Shared memory forward / backward (at most 227 KB per block), inputs' stages + output tiles:
+// 0: 16 KB tiles x 4 / 3 stages: 128 + 32 / 144 + 64 KB. 1: 16 KB x 3 / 2: 96 + 32 / 96 + 64 KB.
+// 2: 8 KB x 6 / 4: 96 + 16 / 96 + 32 KB. 3: 8 KB x 4 / 3: 64 + 16 / 72 + 32 KB.
+// 4: 16 KB tiles over 512 threads x 4 / 3 stages (as 0): twice the warps to hide the
 // per-tile latency (the 256-thread block issued an instruction every 5.2 cycles per scheduler,
 // ncu, few-long on the H200); the default.
 constexpr StreamConfig kStreamConfigs4B[] = {{16, 256, 4, 3}, {16, 256, 3, 2}, {8, 256, 6, 4}, {8, 256, 4, 3},
@@ -114,7 +114,10 @@ constexpr StreamConfig kStreamConfigs2B[] = {{32, 256, 4, 3}, {32, 256, 3, 2}, {
                                              {16, 512, 4, 3}};
 constexpr int kNumStreamConfigs = 5;
 constexpr size_t kMaxBlockSharedMemory = 227 * 1024;  // Hopper's per-block opt-in limit
-constexpr int kDefaultStreamConfig[2] = {4, 4};  // forward, backward: few-long 0.64 / 0.66 vs 0.57 / 0.59 (0)
+// H200 (an earlier kernel): few-long 0.64 / 0.66 (4) vs 0.57 / 0.59 (0). H100, current kernel:
+// forward 0.573 / 0.574 / 0.573 ms for 4 / 0 / 3 (0.93 of torch.add), backward 0.954 / 0.961 /
+// 0.969 ms: the configs are even now that the per-tile overheads are gone; 4 stays.
+constexpr int kDefaultStreamConfig[2] = {4, 4};  // forward, backward
 constexpr StreamConfig stream_config(int elem_size, int i) {
   return elem_size == 2 ? kStreamConfigs2B[i] : kStreamConfigs4B[i];
 }
