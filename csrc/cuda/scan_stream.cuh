@@ -159,8 +159,9 @@ __device__ __forceinline__ void load_operands(const T* region, const SeqTensors<
   }
 }
 
-// Output slot j of the stream kernel (forward: y; backward: dx, dc) and its pointer, signed stride.
-template <typename T, bool kBackward>
+// Output slot j of the stream kernel (forward: y; backward: dx, dc), and a slot's pointer and
+// signed stride.
+template <bool kBackward>
 __device__ __forceinline__ int out_slot(int j) {
   return kBackward ? (j == 0 ? kGradIn : kGradCoeff) : kOut;
 }
@@ -219,7 +220,8 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
     const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
     float v[E], c[E], yn[E];
     load_operands<T, E, NT, STAGES, kBackward>(region(it), s, L, t0, args.vec_mask, v, c, yn);
-    // outbuf[buf] was bulk-stored from at the last barrier: its reads must be done before this one
+    // outbuf[buf] was last bulk-stored from after the previous barrier: thread 0 waits for those
+    // reads to finish before this tile's barrier, after which every thread rewrites it
     if (threadIdx.x == 0 && args.bulk_mask) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
     const float h = scan_block_one_barrier<NT>(reduce_steps<E>(v, c), carry, totals[buf]);
     if (threadIdx.x == 0) {  // past the barrier: every thread has read stage st and written outbuf[buf ^ 1]
@@ -236,7 +238,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
     if (bulk) {
 #pragma unroll
       for (int j = 0; j < S::kOuts; ++j) {
-        const int slot = out_slot<T, kBackward>(j);
+        const int slot = out_slot<kBackward>(j);
         if (!(bulk >> slot & 1)) continue;
         int64_t ls;
         T* base = out_base<T>(s, slot, ls);
