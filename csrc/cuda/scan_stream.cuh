@@ -139,7 +139,7 @@ __device__ __forceinline__ void load_operands(const T* region, const SeqTensors<
   const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
   const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
   if (t0 + S::kTile > L) {
-    load_tile_global<T, E, kBackward>(s, L, tf, nv, vm, v, c, yn);
+    load_tile_global<T, E, NT, kBackward>(s, L, tf, nv, vm, v, c, yn);
     return;
   }
   load_staged<T, E, NT, STAGES, kBackward>(region, s.ls_in < 0, v);

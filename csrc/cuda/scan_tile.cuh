@@ -140,16 +140,27 @@ __device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&y
   yn[E - 1] = (nv == E) ? (tf + E < L ? y_after : init) : yn[E - 1];
 }
 
-// Loads a thread's operands for steps tf .. tf+nv-1 straight from global memory.
-template <typename T, int E, bool kBackward>
+// Loads a thread's operands for steps tf .. tf+nv-1 straight from global memory; thread i of
+// the block holds the E steps after thread i-1's. The backward's c[tf-1] and y[tf+E] are the
+// neighbouring lanes' end values (shuffles): only the lanes at a warp's edges load them from
+// global memory, where every lane used to (one sector per lane and load).
+template <typename T, int E, int NT, bool kBackward>
 __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
                                                  float (&v)[E], float (&c)[E], float (&yn)[E]) {
   load_steps<T, E>(s.in, s.ls_in, tf, nv, vm >> kIn & 1, 0.f, v);
   load_steps<T, E>(s.cf, s.ls_c, tf, nv, vm >> kCoeff & 1, 1.f, c);
   if constexpr (kBackward) {
     load_steps<T, E>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, 0.f, yn);
-    const float c_before = (nv > 0 && tf > 0) ? to_float(s.cf[(tf - 1) * s.ls_c]) : 0.f;
-    const float y_after = (nv == E && tf + E < L) ? to_float(s.y[(tf + E) * s.ls_y]) : 0.f;
+    constexpr int kWidth = NT < 32 ? NT : 32;  // a power of two
+    constexpr unsigned kMask = kWidth == 32 ? 0xffffffffu : (1u << kWidth) - 1;
+    const int lane = threadIdx.x & (kWidth - 1);
+    // A lane with steps has a predecessor lane with all E (c[E-1] loaded), and a lane with all E
+    // steps whose successor exists in the sequence has a successor with steps (yn[0] loaded).
+    const float c_prev = __shfl_up_sync(kMask, c[E - 1], 1, kWidth);
+    const float y_next = __shfl_down_sync(kMask, yn[0], 1, kWidth);
+    float c_before = 0.f, y_after = 0.f;
+    if (nv > 0 && tf > 0) c_before = lane > 0 ? c_prev : to_float(s.cf[(tf - 1) * s.ls_c]);
+    if (nv == E && tf + E < L) y_after = lane < kWidth - 1 ? y_next : to_float(s.y[(tf + E) * s.ls_y]);
     shift_backward_operands<E>(c, yn, c_before, y_after, tf, nv, L, s.init);
   }
 }
@@ -252,7 +263,7 @@ __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? 1 : 0) scan_
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
     const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
     float v[E], c[E], yn[E];
-    load_tile_global<T, E, kBackward>(s, L, tf, nv, vm, v, c, yn);
+    load_tile_global<T, E, NT, kBackward>(s, L, tf, nv, vm, v, c, yn);
     scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, vm, v, c, yn);
     __syncthreads();  // scan_storage is reused by the next tile
   }
