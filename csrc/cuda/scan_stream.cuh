@@ -229,11 +229,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
       if (it + STAGES < num_tiles)
         stage_tile<T, E, NT, STAGES, kBackward>(s, L, (it + STAGES) * S::kTile, region(it), &bar[st]);
     }
-    const float h_last = replay_steps<E>(h, nv, v, c);
-    if constexpr (kBackward) {
-#pragma unroll
-      for (int i = 0; i < E; ++i) yn[i] *= v[i];
-    }
+    const float h_last = replay_steps<E, kBackward>(h, nv, v, c, yn);
     const unsigned bulk = t0 + S::kTile <= L ? args.bulk_mask : 0u;
     if (bulk) {
 #pragma unroll

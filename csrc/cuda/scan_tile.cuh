@@ -166,15 +166,20 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
 }
 
 // Replays a thread's steps from the state `h` before them: v becomes the states (the
-// forward's y, the backward's dx); returns the state after the thread's last valid step.
-template <int E>
-__device__ __forceinline__ float replay_steps(float h, int nv, float (&v)[E], const float (&c)[E]) {
+// forward's y, the backward's dx) and, in the backward, yn (the shifted y) becomes dc = dx * yn.
+// Returns the state after the thread's last valid step.
+template <int E, bool kBackward>
+__device__ __forceinline__ float replay_steps(float h, int nv, float (&v)[E], const float (&c)[E], float (&yn)[E]) {
   float h_last = 0.f;
 #pragma unroll
   for (int i = 0; i < E; ++i) {
     h = fmaf(c[i], h, v[i]);
     v[i] = h;
     if (i < nv) h_last = h;
+  }
+  if constexpr (kBackward) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) yn[i] *= v[i];
   }
   return h_last;
 }
@@ -201,11 +206,7 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
 template <typename T, int E, bool kBackward>
 __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
                                                  float h, float (&v)[E], const float (&c)[E], float (&yn)[E]) {
-  const float h_last = replay_steps<E>(h, nv, v, c);
-  if constexpr (kBackward) {
-#pragma unroll
-    for (int i = 0; i < E; ++i) yn[i] *= v[i];
-  }
+  const float h_last = replay_steps<E, kBackward>(h, nv, v, c, yn);
   store_outputs<T, E, kBackward>(s, L, tf, nv, vm, 0u, h_last, v, yn);
 }
 
