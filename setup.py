@@ -1,7 +1,9 @@
 """Builds torch_linrec._C: the CPU kernels always, the CUDA kernels when torch has CUDA and nvcc is found.
 
 Set TORCH_LINREC_FORCE_CPU=1 to skip the CUDA kernels, TORCH_CUDA_ARCH_LIST to choose GPU targets
-(default: the visible GPUs), MAX_JOBS for build parallelism.
+(default: the visible GPUs), MAX_JOBS for build parallelism. Sources: csrc/module.cpp (every
+schema), csrc/common (shared host code), one folder per op family (csrc/linrec) with its CPU
+sources and a cuda/ folder.
 """
 import glob
 import os
@@ -10,8 +12,6 @@ import torch
 from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-
 
 def with_cuda() -> bool:
     if os.environ.get("TORCH_LINREC_FORCE_CPU", "0") == "1":
@@ -19,16 +19,19 @@ def with_cuda() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
+def sources(*patterns: str) -> list:
+    return sorted(f for p in patterns for f in glob.glob(p, recursive=True))
+
+
 def extension():
-    cpp = sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
+    cpp = sources("csrc/*.cpp", "csrc/common/*.cpp", "csrc/*/*.cpp", "csrc/*/cpu/*.cpp")
     cxx = ["-O3"]  # the C++ standard is torch's own choice: headers must match its build
     if not with_cuda():
         print("torch_linrec: building the CPU kernels only (no CUDA torch or nvcc found)")
         return CppExtension("torch_linrec._C", cpp, extra_compile_args={"cxx": cxx}, py_limited_api=True)
     print("torch_linrec: building the CPU and CUDA kernels")
-    cuda = sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/*.cpp"))
-    nvcc = ["-O3", "--use_fast_math", "-lineinfo", "-Xptxas=-warn-spills",
-            "--expt-relaxed-constexpr"]
+    cuda = sources("csrc/*/cuda/*.cu", "csrc/*/cuda/*.cpp")
+    nvcc = ["-O3", "--use_fast_math", "-lineinfo", "-Xptxas=-warn-spills", "--expt-relaxed-constexpr"]
     return CUDAExtension("torch_linrec._C", cpp + cuda, define_macros=[("LINREC_WITH_CUDA", "1")],
                          extra_compile_args={"cxx": cxx, "nvcc": nvcc}, py_limited_api=True)
 

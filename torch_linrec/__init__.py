@@ -1,12 +1,19 @@
 """torch_linrec: the linear recurrence ``y[l] = coeffs[l] * y[l-1] + x[l]`` as a PyTorch op.
 
 ``torch.ops.linrec.scan`` is the op (CPU and CUDA C++ kernels), ``torch.ops.linrec.scan_triton``
-its Triton twin; :func:`scan` is the Python entry point that picks a backend.
-"""
-from . import ops  # noqa: F401  (registers fakes and autograd)
-from .api import BACKENDS, available_backends, get_backend, scan, use_backend
-from .reference import scan_backward_ref, scan_ref
+its Triton twin; :func:`scan` is the Python entry point that picks a backend and kernel config
+(:mod:`torch_linrec.dispatch`, the tuned cache of :mod:`torch_linrec.configs`).
 
-__all__ = ["scan", "scan_ref", "scan_backward_ref", "use_backend", "get_backend", "available_backends",
-           "BACKENDS"]
+Layout: one folder per op family (:mod:`torch_linrec.linrec`: checks, layout, registration,
+reference, Triton kernels); :mod:`torch_linrec.bench` holds the main job and the tuner.
+"""
 __version__ = "0.1.0"
+
+from .linrec import ops  # noqa: F401,E402  (registers fakes and autograd)
+from .api import scan  # noqa: E402
+from .dispatch import BACKENDS, available_backends, get_backend, use_backend  # noqa: E402
+from .linrec.configs import config_names  # noqa: E402
+from .linrec.reference import chunked_scan, scan_backward_ref, scan_ref  # noqa: E402
+
+__all__ = ["scan", "scan_ref", "scan_backward_ref", "chunked_scan", "use_backend", "get_backend",
+           "available_backends", "config_names", "BACKENDS"]

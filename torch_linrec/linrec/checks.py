@@ -1,10 +1,13 @@
-"""Argument checks shared by the fake (meta) kernels and the Triton path.
+"""Argument checks of the scan ops, shared by the fake (meta) kernels and the Triton ops.
 
-They mirror the C++ checks in csrc/scan_ops.cpp and work on symbolic shapes.
+They mirror the C++ checks of csrc/linrec/ops.cpp (same messages, same ValueError) and work on
+symbolic shapes, so ``torch.compile`` rejects at trace time what the kernels reject at run time.
 """
 from __future__ import annotations
 
 import torch
+
+from .layout import MAX_BATCH_DIMS, coalesce_batch_dims
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -51,6 +54,18 @@ def check_scan_args(op: str, x: torch.Tensor, coeffs: torch.Tensor, initial, dim
         _fail(ok, lambda: f"{op}: initial must have shape {tuple(expect)} (x without dim {dim}) or broadcast to it, "
               f"got {tuple(initial.shape)}")
     return dim
+
+
+def check_batch_dims(op: str, out: torch.Tensor, dim: int, scan_ts: list, batch_ts: list) -> None:
+    """Raises what the C++ ops raise when the operands' batch dims do not coalesce into
+    :data:`MAX_BATCH_DIMS` strided axes (only tensors of more dims than that can fail, so no size
+    of ordinary rank is inspected, and no guard is added under ``torch.compile``).
+    """
+    if out.dim() - 1 <= MAX_BATCH_DIMS:
+        return
+    n = len(coalesce_batch_dims(out, dim, scan_ts, batch_ts))
+    _fail(n <= MAX_BATCH_DIMS, lambda: f"{op}: the layout of x needs {n} batch dims after coalescing, at most "
+          f"{MAX_BATCH_DIMS} are supported; call .contiguous() on the inputs")
 
 
 def check_scan_backward_args(op: str, grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Tensor, initial,

@@ -3,7 +3,7 @@
 #include <type_traits>
 
 #include "scan_channel.cuh"
-#include "scan_launch.h"
+#include "launch.h"
 #include "scan_stream.cuh"
 #include "scan_tile.cuh"
 
@@ -57,7 +57,6 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
         constexpr StreamConfig cfg = stream_config(sizeof(T), i);
         constexpr auto kernel = scan_stream_kernel<T, cfg.elems, cfg.threads, cfg.stages(kBackward), kBackward>;
         constexpr size_t smem = cfg.smem_bytes(sizeof(T), kBackward);
-        static_assert(smem + 1024 <= kMaxBlockSharedMemory, "stream config exceeds shared memory (static + dynamic)");
         const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         if (err != cudaSuccess) return err;
         kernel<<<plan.grid, cfg.threads, smem, stream>>>(p, StreamArgs{plan.num_chunks, plan.vec_mask, plan.bulk_mask});

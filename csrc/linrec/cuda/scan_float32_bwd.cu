@@ -1,5 +1,5 @@
 // One dtype and direction per file, so the kernels compile in parallel.
-#include "scan_launch.cuh"
+#include "launch.cuh"
 
 namespace linrec {
 template cudaError_t launch_scan<ScanDType::kFloat32, true>(const ScanParams&, const ScanPlan&, void*, cudaStream_t);

@@ -1,7 +1,7 @@
 """``linrec::scan_triton`` and ``linrec::scan_backward_triton``: the Triton twins of the C++ ops.
 
 Both are :func:`torch.library.triton_op` s, so ``torch.compile`` sees their kernels; they share
-the fakes' allocation rules (torch_linrec/ops.py) and the autograd formula of ``linrec::scan``.
+the fakes' allocation rules and the autograd of ``linrec::scan`` (torch_linrec/linrec/ops.py).
 
 Layout: every operand is read in place as a strided ``(outer, L, inner)`` view. The batch dims
 (all but ``dim``) are ordered innermost-first by the output's strides and merged where every
@@ -9,6 +9,7 @@ operand allows it, as csrc/scan_ops.cpp does; ``(N, L)``, ``(B, L, D)``, ``(B, H
 transposed, sliced and broadcast (stride-0) operands all fit in two batch axes. Layouts that need
 three or more are run on contiguous copies (the one case that copies).
 """
+import functools
 import importlib
 import math
 import os
@@ -19,27 +20,59 @@ import triton
 from triton.runtime.jit import JITFunction
 
 from .. import ops as _ops
-from .._checks import batch_shape, check_scan_args, check_scan_backward_args
+from ..checks import batch_shape, check_scan_args, check_scan_backward_args
+from ..layout import coalesce_batch_dims
 from . import kernels
 from .kernels import linrec_bwd_chan_kernel, linrec_bwd_seq_kernel, linrec_fwd_chan_kernel, linrec_fwd_seq_kernel
 
-__all__ = ["scan_triton", "scan_backward_triton"]
+__all__ = ["scan_triton", "scan_backward_triton", "CONFIGS", "DEFAULT_CONFIG", "config_names"]
 
-# Launch heuristic (cf. flash-attention's tile_size.h), measured on an H100 (132 SMs) with CUDA graphs
-# over (N, L) and (B, L, D) shapes in float32 and bfloat16. Each loop iteration of a program moves
-# one tile per operand; TILE = 2048 elements (8 KiB of fp32) at 4 warps keeps 16 elements per
-# thread and operand, the backward's five streams spill-free, and enough loads in flight.
-#   sequence kernel: BLOCK_L = next_pow2(L) capped at 2048; short rows stack BLOCK_N = TILE // BLOCK_L
+# Launch heuristic (cf. flash-attention's tile_size.h), measured on an H100 with CUDA graphs over
+# (N, L) and (B, L, D) shapes in float32 and bfloat16. Each loop iteration of a program moves one
+# tile per operand; a config names that tile's size (TILE elements: 2048 = 8 KiB of fp32 at 4 warps
+# keeps 16 elements per thread and operand and the backward's five streams spill-free).
+#   sequence kernel: BLOCK_L = next_pow2(L) capped at TILE; short rows stack BLOCK_N = TILE // BLOCK_L
 #     sequences per program. With fewer sequences than SMs, each program is a long serial walk
-#     whose speed is the bytes it has in flight: BLOCK_L = 4096 at 8 warps (1.7x faster there).
+#     whose speed is the bytes it has in flight: BLOCK_L = LONG_TILE (1.7x faster there at 4096).
 #   channel kernel: BLOCK_D channels, the largest of 128, 64, 32 that still gives >= 4 programs
 #     per SM (32 channels of fp32 = one 128-byte line per row); 16 when even 32 leaves SMs idle
 #     (few channels, long L). BLOCK_T = TILE // BLOCK_D time steps, capped at next_pow2(L).
 #   num_warps: one warp per 512 tile elements, within [1, 8].
-TILE = 2048
-MAX_BLOCK_L = 2048
-NUM_SMS = 132
-MIN_PROGRAMS = 4 * NUM_SMS
+CONFIGS = {  # name -> (TILE, LONG_TILE); the first is the default
+    "triton.t2048": (2048, 4096),
+    "triton.t1024": (1024, 2048),
+    "triton.t4096": (4096, 4096),
+}
+DEFAULT_CONFIG = "triton.t2048"
+
+
+def config_names() -> list[str]:
+    """The named configs of the Triton scan ops, the default first."""
+    return list(CONFIGS)
+
+
+def _resolve_config(op: str, config: Optional[str]) -> tuple[int, int]:
+    """``(TILE, LONG_TILE)`` of ``config`` (None or a "prefer:" name that is not a Triton config: the default).
+
+    Raises:
+        ValueError: for a name that is not one of :data:`CONFIGS`.
+    """
+    name = None if config is None else config.removeprefix(_ops.PREFER_PREFIX)
+    if name is None or name == _ops.TRITON:
+        return CONFIGS[DEFAULT_CONFIG]
+    if name in CONFIGS:
+        return CONFIGS[name]
+    if config.startswith(_ops.PREFER_PREFIX):
+        return CONFIGS[DEFAULT_CONFIG]
+    raise ValueError(f"{op}: unknown Triton config {config!r}; valid: {', '.join(CONFIGS)}")
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device (read once per device); 1 for the CPU interpreter."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _next_pow2(n: int) -> int:
@@ -50,22 +83,24 @@ def _num_warps(tile: int) -> int:
     return max(1, min(8, tile // 512))
 
 
-def _seq_meta(n: int, length: int) -> dict:
+def _seq_meta(n: int, length: int, tiles: tuple[int, int], num_sms: int) -> dict:
     """Meta-parameters of the sequence kernels for ``n`` sequences of length ``length``."""
-    cap = MAX_BLOCK_L if n >= NUM_SMS else 2 * MAX_BLOCK_L
+    tile, long_tile = tiles
+    cap = tile if n >= num_sms else long_tile
     block_l = max(16, min(cap, _next_pow2(length)))
-    block_n = max(1, min(_next_pow2(n), TILE // block_l))
+    block_n = max(1, min(_next_pow2(n), tile // block_l))
     return {"BLOCK_N": block_n, "BLOCK_L": block_l, "num_warps": _num_warps(block_n * block_l)}
 
 
-def _chan_meta(n_outer: int, n_inner: int, length: int) -> dict:
+def _chan_meta(n_outer: int, n_inner: int, length: int, tiles: tuple[int, int], num_sms: int) -> dict:
     """Meta-parameters of the channel kernels for ``n_outer`` x ``n_inner`` channels."""
+    tile = tiles[0]
     block_d = max(32, min(128, _next_pow2(n_inner)))
-    while block_d > 32 and n_outer * math.ceil(n_inner / block_d) < MIN_PROGRAMS:
+    while block_d > 32 and n_outer * math.ceil(n_inner / block_d) < 4 * num_sms:
         block_d //= 2
-    if n_outer * math.ceil(n_inner / block_d) < NUM_SMS:
+    if n_outer * math.ceil(n_inner / block_d) < num_sms:
         block_d = 16
-    block_t = max(16, min(TILE // block_d, _next_pow2(length)))
+    block_t = max(16, min(tile // block_d, _next_pow2(length)))
     return {"BLOCK_T": block_t, "BLOCK_D": block_d, "num_warps": _num_warps(block_t * block_d)}
 
 
@@ -122,24 +157,12 @@ def wrap_triton(kernel):
 def _layout(ref: torch.Tensor, dim: int, scan_ts: list, batch_ts: list):
     """Strides of every operand as an ``(outer, L, inner)`` view, or None if that needs a copy.
 
-    Args:
-        ref: the output (scan-shaped); its strides order the batch dims.
-        dim: the scanned dim (wrapped). scan_ts: tensors of ``ref``'s shape.
-        batch_ts: tensors of ``ref``'s shape without ``dim``.
-
     Returns:
         ``(n_outer, n_inner, strides)``, ``strides`` holding ``(s_outer, s_L, s_inner)`` per scan
         tensor then ``(s_outer, s_inner)`` per batch tensor; None when the batch dims do not merge
-        into two axes.
+        into two axes (see :func:`~torch_linrec.linrec.layout.coalesce_batch_dims`).
     """
-    dims = sorted((d for d in range(ref.dim()) if d != dim and ref.size(d) != 1), key=lambda d: abs(ref.stride(d)))
-    groups: list = []  # [size, strides of every operand], innermost first
-    for d in dims:
-        s = [t.stride(d) for t in scan_ts] + [t.stride(d if d < dim else d - 1) for t in batch_ts]
-        if groups and all(si == gi * groups[-1][0] for si, gi in zip(s, groups[-1][1])):
-            groups[-1][0] *= ref.size(d)
-        else:
-            groups.append([ref.size(d), s])
+    groups = coalesce_batch_dims(ref, dim, scan_ts, batch_ts)
     if len(groups) > 2:
         return None
     while len(groups) < 2:
@@ -154,7 +177,8 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
-def _launch_forward(y: torch.Tensor, x: torch.Tensor, c: torch.Tensor, h0, d: int, reverse: bool) -> bool:
+def _launch_forward(y: torch.Tensor, x: torch.Tensor, c: torch.Tensor, h0, d: int, reverse: bool,
+                    tiles: tuple[int, int]) -> bool:
     """Runs the forward kernel into ``y`` (c expanded to x's shape, h0 to its batch shape or None).
 
     Returns False, launching nothing, when the layout needs contiguous copies.
@@ -169,12 +193,12 @@ def _launch_forward(y: torch.Tensor, x: torch.Tensor, c: torch.Tensor, h0, d: in
     ptrs = (x, c, x if h0 is None else h0, y)
     flags = {"HAS_INIT": h0 is not None, "WALK_BACK": reverse}
     if n_inner > 1 and abs(sy[2]) < abs(sy[1]):
-        meta = _chan_meta(n_outer, n_inner, length)
+        meta = _chan_meta(n_outer, n_inner, length, tiles, _num_sms(y.device))
         grid = (n_outer * _cdiv(n_inner, meta["BLOCK_D"]),)
         wrap_triton(linrec_fwd_chan_kernel)[grid](*ptrs, n_outer, length, n_inner, *sx, *sc, *sh, *sy,
                                                    **flags, **meta)
     else:
-        meta = _seq_meta(n_outer * n_inner, length)
+        meta = _seq_meta(n_outer * n_inner, length, tiles, _num_sms(y.device))
         grid = (_cdiv(n_outer * n_inner, meta["BLOCK_N"]),)
         wrap_triton(linrec_fwd_seq_kernel)[grid](*ptrs, n_outer * n_inner, length, n_inner, *sx, *sc, *sh, *sy,
                                                   **flags, **meta)
@@ -182,7 +206,7 @@ def _launch_forward(y: torch.Tensor, x: torch.Tensor, c: torch.Tensor, h0, d: in
 
 
 def _launch_backward(outs: tuple, dy: torch.Tensor, c: torch.Tensor, y: torch.Tensor, h0, d: int,
-                     reverse: bool) -> bool:
+                     reverse: bool, tiles: tuple[int, int]) -> bool:
     """Runs the fused backward kernel into ``outs = (dx, dc, dh0)``; False when copies are needed."""
     dx, dc, dh0 = outs
     batch = [dh0] if h0 is None else [dh0, h0]
@@ -197,11 +221,11 @@ def _launch_backward(outs: tuple, dy: torch.Tensor, c: torch.Tensor, y: torch.Te
     st = (*sdy, *sc, *sy, *sh, *sdx, *sdc, *sdh)
     flags = {"HAS_INIT": h0 is not None, "WALK_BACK": not reverse}  # the VJP runs against the scan
     if n_inner > 1 and abs(sdx[2]) < abs(sdx[1]):
-        meta = _chan_meta(n_outer, n_inner, length)
+        meta = _chan_meta(n_outer, n_inner, length, tiles, _num_sms(y.device))
         grid = (n_outer * _cdiv(n_inner, meta["BLOCK_D"]),)
         wrap_triton(linrec_bwd_chan_kernel)[grid](*ptrs, n_outer, length, n_inner, *st, **flags, **meta)
     else:
-        meta = _seq_meta(n_outer * n_inner, length)
+        meta = _seq_meta(n_outer * n_inner, length, tiles, _num_sms(y.device))
         grid = (_cdiv(n_outer * n_inner, meta["BLOCK_N"]),)
         wrap_triton(linrec_bwd_seq_kernel)[grid](*ptrs, n_outer * n_inner, length, n_inner, *st, **flags, **meta)
     return True
@@ -209,7 +233,8 @@ def _launch_backward(outs: tuple, dy: torch.Tensor, c: torch.Tensor, y: torch.Te
 
 @torch.library.triton_op("linrec::scan_triton", mutates_args=())
 def scan_triton(x: torch.Tensor, coeffs: torch.Tensor, initial: Optional[torch.Tensor] = None, dim: int = -1,
-                reverse: bool = False) -> torch.Tensor:
+                reverse: bool = False, config: Optional[str] = None,
+                backward_config: Optional[str] = None) -> torch.Tensor:
     """Triton ``linrec::scan``: ``y[l] = coeffs[l] * y[l-1] + x[l]`` along ``dim``, ``y[-1] = initial``.
 
     Args:
@@ -219,37 +244,43 @@ def scan_triton(x: torch.Tensor, coeffs: torch.Tensor, initial: Optional[torch.T
         initial: x's shape without ``dim``, or broadcastable to it; None (default): zero.
         dim: the scanned dim, negative allowed (default -1).
         reverse: scan from the end towards the start (default False).
+        config: one of :data:`CONFIGS` (None or ``"triton"``: the default, ``"triton.t2048"``).
+        backward_config: the config autograd passes to the backward: a Triton name (or None) runs
+            ``linrec::scan_backward_triton``, a native name ``linrec::scan_backward``.
 
     Returns:
         ``y``, allocated as ``torch.empty_like(x)``, computed in float32 and stored in x's dtype.
 
     Raises:
         ValueError: float64 or another unsupported dtype, mismatched dtype or device, ``dim`` out of
-            range, coeffs or initial not broadcastable.
+            range, coeffs or initial not broadcastable, an unknown config.
     """
     d = check_scan_args("linrec.scan_triton", x, coeffs, initial, dim, float64_ok=False)
+    tiles = _resolve_config("linrec.scan_triton", config)
     y = torch.empty_like(x)
     if y.numel() == 0:
         return y
     _sync_interpret_mode()
     c = coeffs.expand(x.shape)
     h0 = None if initial is None else initial.expand(batch_shape(x, d))
-    if not _launch_forward(y, x, c, h0, d, reverse):
+    if not _launch_forward(y, x, c, h0, d, reverse, tiles):
         tmp = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        _launch_forward(tmp, x.contiguous(), c.contiguous(), None if h0 is None else h0.contiguous(), d, reverse)
+        _launch_forward(tmp, x.contiguous(), c.contiguous(), None if h0 is None else h0.contiguous(), d, reverse,
+                        tiles)
         y.copy_(tmp)
     return y
 
 
 @torch.library.triton_op("linrec::scan_backward_triton", mutates_args=())
 def scan_backward_triton(grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Tensor,
-                         initial: Optional[torch.Tensor], dim: int,
-                         reverse: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         initial: Optional[torch.Tensor], dim: int, reverse: bool,
+                         config: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton ``linrec::scan_backward``: the vector-Jacobian product of :func:`scan_triton`.
 
     Args:
         grad_y: gradient of ``y``, y's shape, dtype and device, any strides (stride 0 too).
         coeffs, initial, dim, reverse: as passed to the forward. y: the forward's output.
+        config: one of :data:`CONFIGS` (None: the default).
 
     Returns:
         ``(grad_x, grad_coeffs, grad_initial)``: ``grad_x`` as ``torch.empty_like(y)``;
@@ -260,6 +291,7 @@ def scan_backward_triton(grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Te
         ValueError: as :func:`scan_triton`, or grad_y of another shape than y.
     """
     d = check_scan_backward_args("linrec.scan_backward_triton", grad_y, coeffs, y, initial, dim, float64_ok=False)
+    tiles = _resolve_config("linrec.scan_backward_triton", config)
     grad_x = torch.empty_like(y)
     grad_c = torch.empty_like(y)
     grad_h0 = y.new_empty(batch_shape(y, d))
@@ -269,10 +301,10 @@ def scan_backward_triton(grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Te
         _sync_interpret_mode()
         c = coeffs.expand(y.shape)
         h0 = None if initial is None else initial.expand(batch_shape(y, d))
-        if not _launch_backward((grad_x, grad_c, grad_h0), grad_y, c, y, h0, d, reverse):
+        if not _launch_backward((grad_x, grad_c, grad_h0), grad_y, c, y, h0, d, reverse, tiles):
             tmp_x, tmp_c = (torch.empty(y.shape, dtype=y.dtype, device=y.device) for _ in range(2))
             _launch_backward((tmp_x, tmp_c, grad_h0), grad_y.contiguous(), c.contiguous(), y.contiguous(),
-                             None if h0 is None else h0.contiguous(), d, reverse)
+                             None if h0 is None else h0.contiguous(), d, reverse, tiles)
             grad_x.copy_(tmp_x)
             grad_c.copy_(tmp_c)
     if coeffs.shape != y.shape:
@@ -304,4 +336,4 @@ def _opaque_when_interpreted(op_def) -> None:
 
 _opaque_when_interpreted(scan_triton)
 _opaque_when_interpreted(scan_backward_triton)
-_ops.register_scan_autograd("linrec::scan_triton", torch.ops.linrec.scan_backward_triton)
+_ops.register_scan_autograd("linrec::scan_triton")

@@ -10,7 +10,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "../scan_ops.h"
+#include "../../common/errors.h"
+#include "../ops.h"
 
 namespace linrec {
 namespace {
@@ -81,7 +82,16 @@ bool channels_contiguous(const ScanParams& p) {
   return true;
 }
 
-void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&) {
+// The CPU kernel's one config.
+constexpr const char* kCpuConfig = "cpu.g16";
+
+void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&, const OptConfig& config) {
+  if (config.has_value()) {
+    bool prefer;
+    const std::string name = strip_prefer(*config, &prefer);
+    TORCH_CHECK_VALUE(prefer || name == kCpuConfig || name == kNativeDefault, "linrec.scan: unknown config '", name,
+                      "' for the CPU kernel; valid: ", kNativeDefault, ", ", kCpuConfig);
+  }
   const int64_t inner = p.nbatch > 0 ? p.bsize[0] : 1;
   const int64_t outer = p.num_seq / inner;
   const int64_t groups_per_row = (inner + kGroup - 1) / kGroup;

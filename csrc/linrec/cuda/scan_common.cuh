@@ -13,7 +13,7 @@
 #include <cuda_fp16.h>
 #include <cstdint>
 
-#include "../scan_params.h"
+#include "../params.h"
 
 namespace linrec {
 

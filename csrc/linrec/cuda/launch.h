@@ -2,7 +2,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#include "scan_plan.h"
+#include "plan.h"
 
 namespace linrec {
 

@@ -1,0 +1,100 @@
+// Every compiled config of the three CUDA scan templates, by name. Host-only and torch-free.
+//
+// A config is a compile-time instantiation of a kernel template; the launcher turns the run-time
+// index into the template arguments (launch.cuh). Which config runs is decided per device at run
+// time (plan.h: the defaults of configs_sm90.h or configs_generic.h, or an explicit name) from the
+// device's compute capability, SM count and shared memory per block. Names are
+// "<template>.<fields>" and stable: the tuned config cache (torch_linrec/configs) stores them.
+// Why each entry exists, and its measurements: bench/NOTES.md.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace linrec {
+
+enum class ScanKind : int { kTile = 0, kChannel = 1, kStream = 2 };
+
+// Tile kernel (scanned dim innermost): E elements per thread, NT threads per block. Every thread
+// moves whole 16-byte vectors, at least two per tensor (one left bf16 L=1024 at 0.78 of torch.add).
+struct TileConfig {
+  const char* name;
+  int elems, threads;
+  constexpr int64_t tile() const { return int64_t(elems) * threads; }
+};
+// 4-byte: 256-step tiles for short rows, 1024 for the common L=1024 in one tile, 4096 for long
+// rows; then a 2048-step tile and a 1024-step tile of fewer threads.
+constexpr TileConfig kTileConfigs4B[] = {
+    {"tile.e8t32", 8, 32}, {"tile.e8t128", 8, 128}, {"tile.e16t256", 16, 256}, {"tile.e16t128", 16, 128},
+    {"tile.e16t64", 16, 64}};
+// 2-byte: the same tile sizes with twice the steps per thread.
+constexpr TileConfig kTileConfigs2B[] = {
+    {"tile.e16t16", 16, 16}, {"tile.e32t32", 32, 32}, {"tile.e32t128", 32, 128}, {"tile.e32t64", 32, 64},
+    {"tile.e16t64", 16, 64}};
+constexpr int kNumTileConfigs = 5;
+constexpr TileConfig tile_config(int elem_size, int i) {
+  return elem_size == 2 ? kTileConfigs2B[i] : kTileConfigs4B[i];
+}
+
+// Channel kernel (scanned dim not innermost): 32 lanes x ROWS warps, CPL adjacent channels per
+// lane, STEPS steps per thread, at least MIN_BLOCKS blocks per SM in the forward (half in the
+// backward). A span of ROWS x STEPS steps shares one look-back status per channel.
+struct ChannelConfig {
+  const char* name;
+  int steps, rows, min_blocks, cpl;
+  constexpr int threads() const { return 32 * rows; }
+  constexpr int64_t span() const { return int64_t(steps) * rows; }
+  constexpr int64_t channels() const { return 32 * cpl; }
+};
+constexpr ChannelConfig kChannelConfigs[] = {
+    {"channel.s16r8b2", 16, 8, 2, 1}, {"channel.s16r4b5", 16, 4, 5, 1}, {"channel.s32r4b3", 32, 4, 3, 1},
+    {"channel.s32r2b6", 32, 2, 6, 1}, {"channel.s8r16b1p2", 8, 16, 1, 2}};
+constexpr int kNumChannelConfigs = 5;
+
+// Stream kernel (Hopper: bulk copies): one block per sequence, E x NT steps per tile, tiles
+// staged STAGES ahead (forward / backward). `bulk_store`: full output tiles leave through shared
+// memory by bulk stores (else stored from registers).
+struct StreamConfig {
+  const char* name;
+  int elems, threads, stages_forward, stages_backward;
+  bool bulk_store;
+  constexpr int64_t tile() const { return int64_t(elems) * threads; }
+  constexpr int stages(bool backward) const { return backward ? stages_backward : stages_forward; }
+  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x (tile + two 128-byte halo
+  // slots), two tiles of each output (1 forward, 2 backward) for the bulk stores, and up to 128
+  // bytes to align them.
+  constexpr size_t smem_bytes(int elem_size, bool backward) const {
+    return size_t(stages(backward)) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 256) +
+           size_t(2) * (backward ? 2 : 1) * size_t(tile()) * elem_size + 128;
+  }
+};
+// 16 KB tiles (4096 float32 steps) or 8 KB; the 512-thread entry hides the per-tile latency
+// with twice the warps.
+constexpr StreamConfig kStreamConfigs4B[] = {
+    {"stream.e16t256s4", 16, 256, 4, 3, true}, {"stream.e16t256s3", 16, 256, 3, 2, true},
+    {"stream.e8t256s6", 8, 256, 6, 4, true},   {"stream.e8t256s4", 8, 256, 4, 3, true},
+    {"stream.e8t512s4", 8, 512, 4, 3, true},   {"stream.e8t512s4.direct", 8, 512, 4, 3, false}};
+constexpr StreamConfig kStreamConfigs2B[] = {
+    {"stream.e32t256s4", 32, 256, 4, 3, true}, {"stream.e32t256s3", 32, 256, 3, 2, true},
+    {"stream.e16t256s6", 16, 256, 6, 4, true}, {"stream.e16t256s4", 16, 256, 4, 3, true},
+    {"stream.e16t512s4", 16, 512, 4, 3, true}, {"stream.e16t512s4.direct", 16, 512, 4, 3, false}};
+constexpr int kNumStreamConfigs = 6;
+constexpr StreamConfig stream_config(int elem_size, int i) {
+  return elem_size == 2 ? kStreamConfigs2B[i] : kStreamConfigs4B[i];
+}
+// Static shared memory of the stream kernel besides its dynamic buffer (barriers, warp totals).
+constexpr size_t kStreamStaticSharedMemory = 1024;
+
+constexpr int num_configs(ScanKind kind) {
+  return kind == ScanKind::kTile ? kNumTileConfigs : kind == ScanKind::kChannel ? kNumChannelConfigs
+                                                                                 : kNumStreamConfigs;
+}
+inline const char* config_name(ScanKind kind, int elem_size, int i) {
+  switch (kind) {
+    case ScanKind::kTile: return tile_config(elem_size, i).name;
+    case ScanKind::kChannel: return kChannelConfigs[i].name;
+    case ScanKind::kStream: return stream_config(elem_size, i).name;
+  }
+  return "";
+}
+
+}  // namespace linrec

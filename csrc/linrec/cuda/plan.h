@@ -1,0 +1,226 @@
+// How a scan is mapped onto the GPU: kernel template, config, grid, workspace. Host-only and
+// torch-free. The config is an explicit request (by name, configs.h) or the device's default
+// (configs_sm90.h, configs_generic.h), chosen from the device's properties at run time.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "../params.h"
+#include "configs_generic.h"
+#include "configs_sm90.h"
+
+namespace linrec {
+
+// What the planner needs to know of the device (read once per device by the caller).
+struct DeviceInfo {
+  int num_sms;
+  int cc_major;
+  size_t smem_per_block_optin;  // largest dynamic + static shared memory a block may opt into
+};
+
+// A config named by the caller: `kind` and `index` into its table; `index` -1: the default.
+// `prefer`: where the config does not apply to this problem, plan the default instead of failing
+// (the tuned cache's choices, made per problem bucket, use this).
+struct ConfigRequest {
+  ScanKind kind = ScanKind::kTile;
+  int index = -1;
+  bool prefer = false;
+};
+
+// Resident threads per SM the plans assume (2048 on every GPU since Volta at full occupancy).
+constexpr int64_t kThreadsPerSM = 2048;
+// Tile configs chosen by length (the first that holds the row); the rest are chosen by name.
+constexpr int kNumSizeTileConfigs = 3;
+
+struct ScanPlan {
+  ScanKind kind;
+  int config;              // index into the tile, channel or stream configs
+  int64_t num_chunks;      // tile and channel kernels: blocks per sequence along the scan (> 1: look-back);
+                           // stream kernel: tiles per sequence
+  int64_t per_chunk;       // tiles (tile kernel) or spans (channel kernel) each block walks
+  int64_t grid;            // blocks
+  unsigned vec_mask;       // tile and stream kernels: slots that take 16-byte vector accesses
+  unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
+  size_t workspace_bytes;  // look-back status (0 without look-back)
+  size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Whether the scanned dim is not the innermost of the output (the channel kernel's layout).
+inline bool is_channel_layout(const ScanParams& p) {
+  return p.nbatch > 0 && std::llabs(p.lstride[kOut]) > std::llabs(p.bstride[kOut][0]);
+}
+
+// Whether every sequence of `slot` starts 16-byte aligned with unit stride along the scan.
+inline bool vectorizable(const ScanParams& p, int slot, int elem_size) {
+  if (!p.ptr[slot]) return false;
+  const int64_t ls = p.lstride[slot];
+  if (ls != 1 && ls != -1) return false;
+  const int64_t vec = 16 / elem_size;
+  const char* lowest = static_cast<const char*>(p.ptr[slot]) + (ls > 0 ? 0 : (p.len - 1) * ls * elem_size);
+  if (reinterpret_cast<uintptr_t>(lowest) % 16 != 0) return false;
+  if (ls < 0 && p.len % vec != 0) return false;
+  for (int i = 0; i < p.nbatch; ++i)
+    if (p.bstride[slot][i] % vec != 0) return false;
+  return true;
+}
+
+// Whether the channel kernel may take two adjacent channels per lane: every strided operand has
+// unit stride between channels, an even number of them per row, and pair-aligned steps.
+inline bool channel_pairs(const ScanParams& p, int elem_size) {
+  if (p.nbatch == 0 || p.bsize[0] % 2 != 0) return false;
+  for (int slot : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) {
+    if (!p.ptr[slot] || (slot == kGradCoeff && p.accumulate_grad_coeff)) continue;
+    if (p.bstride[slot][0] != 1 || p.lstride[slot] % 2 != 0) return false;
+    for (int i = 1; i < p.nbatch; ++i)
+      if (p.bstride[slot][i] % 2 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(p.ptr[slot]) % (2 * elem_size) != 0) return false;
+  }
+  return true;
+}
+
+inline ScanDefaults device_defaults(const DeviceInfo& dev, int elem_size, bool backward, bool pairs) {
+  return dev.cc_major >= 9 ? defaults_sm90(elem_size, backward, pairs) : defaults_generic(elem_size, backward, pairs);
+}
+
+// Slots the tile and stream kernels may access with 16-byte vectors.
+inline unsigned vector_slots(const ScanParams& p, int elem_size) {
+  unsigned mask = 0;
+  for (int s = 0; s < kNumSlots; ++s)
+    if (!is_batch_slot(s) && !(s == kGradCoeff && p.accumulate_grad_coeff) && vectorizable(p, s, elem_size))
+      mask |= 1u << s;
+  return mask;
+}
+
+// Whether config `index` of `kind` can run this problem on this device (correctness, not speed).
+inline bool config_applies(const ScanParams& p, int elem_size, const DeviceInfo& dev, ScanKind kind, int index) {
+  if (index < 0 || index >= num_configs(kind)) return false;
+  const bool channel = is_channel_layout(p);
+  switch (kind) {
+    case ScanKind::kTile: return !channel;
+    case ScanKind::kChannel: return channel && (kChannelConfigs[index].cpl == 1 || channel_pairs(p, elem_size));
+    case ScanKind::kStream: {
+      if (channel || dev.cc_major < 9) return false;
+      const StreamConfig cfg = stream_config(elem_size, index);
+      if (cfg.smem_bytes(elem_size, p.backward) + kStreamStaticSharedMemory > dev.smem_per_block_optin) return false;
+      const unsigned streamed = (1u << kIn) | (1u << kCoeff) | (p.backward ? 1u << kOut : 0u);
+      return (vector_slots(p, elem_size) & streamed) == streamed;
+    }
+  }
+  return false;
+}
+
+// The names of the configs that can run this problem, comma separated (for error messages).
+inline std::string applicable_config_names(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
+  std::string out;
+  for (ScanKind kind : {ScanKind::kTile, ScanKind::kStream, ScanKind::kChannel})
+    for (int i = 0; i < num_configs(kind); ++i)
+      if (config_applies(p, elem_size, dev, kind, i)) out += (out.empty() ? "" : ", ") + std::string(config_name(kind, elem_size, i));
+  return out;
+}
+
+inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config,
+                      bool lookback_default) {
+  const int64_t L = p.len;
+  int by_length = kNumSizeTileConfigs - 1;
+  for (int i = 0; i < kNumSizeTileConfigs; ++i)
+    if (tile_config(elem_size, i).tile() >= L) {
+      by_length = i;
+      break;
+    }
+  const int64_t resident_blocks =
+      dev.num_sms * (kThreadsPerSM / tile_config(elem_size, config >= 0 ? config : by_length).threads);
+  const int64_t tiles = ceil_div(L, tile_config(elem_size, config >= 0 ? config : by_length).tile());
+  plan.kind = ScanKind::kTile;
+  plan.grid = p.num_seq;
+  if (tiles == 1 || p.num_seq >= 2 * resident_blocks) {
+    // Enough sequences for two waves of blocks: a block walks all tiles of a sequence, the other
+    // resident blocks hide its latency.
+    plan.config = config >= 0 ? config : by_length;
+    plan.num_chunks = 1;
+    plan.per_chunk = tiles;
+  } else {
+    // Fewer sequences than SMs can hide: one tile per block, the tiles of a sequence chained by
+    // look-back.
+    plan.config = config >= 0 ? config : lookback_default;
+    plan.num_chunks = ceil_div(L, tile_config(elem_size, plan.config).tile());
+    plan.per_chunk = 1;
+    plan.grid = p.num_seq * plan.num_chunks;
+  }
+}
+
+inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int config) {
+  const StreamConfig cfg = stream_config(elem_size, config);
+  plan.kind = ScanKind::kStream;
+  plan.config = config;
+  plan.grid = p.num_seq;
+  plan.num_chunks = ceil_div(p.len, cfg.tile());
+  plan.per_chunk = plan.num_chunks;
+  const unsigned outs =
+      p.backward ? (1u << kGradIn) | (p.accumulate_grad_coeff ? 0u : 1u << kGradCoeff) : 1u << kOut;
+  plan.bulk_mask = cfg.bulk_store ? plan.vec_mask & outs : 0u;
+}
+
+inline void plan_channel(ScanPlan& plan, const ScanParams& p, const DeviceInfo& dev, int config) {
+  const ChannelConfig cfg = kChannelConfigs[config];
+  plan.kind = ScanKind::kChannel;
+  plan.config = config;
+  const int64_t spans = ceil_div(p.len, cfg.span());
+  const int64_t seq_blocks = ceil_div(p.num_seq, cfg.channels());
+  const int64_t resident_blocks = dev.num_sms * cfg.min_blocks;
+  // Pipe along L inside each block only when the channel blocks alone fill two waves; else every
+  // span is its own block, chained by look-back.
+  if (spans == 1 || seq_blocks >= 2 * resident_blocks) {
+    plan.num_chunks = 1;
+    plan.per_chunk = spans;
+  } else {
+    plan.num_chunks = spans;
+    plan.per_chunk = 1;
+  }
+  plan.grid = seq_blocks * plan.num_chunks;
+}
+
+// Plans the launch. An explicit request (`req.index >= 0`) that does not apply sets `*error` (the
+// caller raises it, listing applicable_config_names) unless `req.prefer`.
+inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& dev, ConfigRequest req,
+                          bool* inapplicable) {
+  ScanPlan plan{};
+  *inapplicable = false;
+  if (req.index >= 0 && !config_applies(p, elem_size, dev, req.kind, req.index)) {
+    if (!req.prefer) {
+      *inapplicable = true;
+      return plan;
+    }
+    req.index = -1;
+  }
+  const bool channel = is_channel_layout(p);
+  const ScanDefaults def = device_defaults(dev, elem_size, p.backward, channel && channel_pairs(p, elem_size));
+  if (channel) {
+    plan_channel(plan, p, dev, req.index >= 0 ? req.index : def.channel);
+  } else {
+    plan.vec_mask = vector_slots(p, elem_size);
+    if (req.index >= 0 && req.kind == ScanKind::kStream) {
+      plan_stream(plan, p, elem_size, req.index);
+    } else if (req.index >= 0) {
+      plan_tile(plan, p, elem_size, dev, req.index, def.tile_lookback);
+    } else {
+      plan_tile(plan, p, elem_size, dev, -1, def.tile_lookback);
+      // The stream kernel instead of the look-back for about as many sequences as SMs (a block
+      // for at least 3/4 of them): the look-back reached ~0.55 of torch.add on few-long (H200).
+      if (plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && def.stream >= 0 &&
+          config_applies(p, elem_size, dev, ScanKind::kStream, def.stream))
+        plan_stream(plan, p, elem_size, def.stream);
+    }
+  }
+  if (plan.num_chunks > 1 && plan.kind != ScanKind::kStream) {
+    // look-back: a counter, then two status words per (sequence, chunk)
+    plan.workspace_bytes = 16 + static_cast<size_t>(p.num_seq * plan.num_chunks) * 16;
+    plan.zeroed_bytes = plan.workspace_bytes;
+  }
+  return plan;
+}
+
+}  // namespace linrec

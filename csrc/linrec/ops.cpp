@@ -1,0 +1,154 @@
+#include "ops.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/WrapDimUtils.h>
+
+#include <vector>
+
+#include "../common/errors.h"
+#include "../common/layout.h"
+
+namespace linrec {
+
+std::string strip_prefer(c10::string_view config, bool* prefer) {
+  const std::string s(config.data(), config.size());
+  const std::string p(kPreferPrefix);
+  *prefer = s.compare(0, p.size(), p) == 0;
+  return *prefer ? s.substr(p.size()) : s;
+}
+
+bool is_triton_config(const OptConfig& config) {
+  if (!config.has_value()) return false;
+  bool prefer;
+  const std::string name = strip_prefer(*config, &prefer);
+  return name == kTritonDefault || name.rfind(kTritonConfigPrefix, 0) == 0;
+}
+
+namespace {
+
+bool is_supported_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+// Checks shared by forward and backward (the same as torch_linrec/linrec/checks.py); returns the
+// wrapped scan dim.
+int64_t check_inputs(const char* op, const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial,
+                     int64_t dim) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dimension, got a 0-d tensor");
+  TORCH_CHECK_VALUE(is_supported_dtype(x.scalar_type()), op,
+                    ": x must be float32, float16, bfloat16 or float64, got ", dt(x.scalar_type()));
+  TORCH_CHECK_VALUE(coeffs.scalar_type() == x.scalar_type(), op, ": coeffs must have the dtype of x (",
+                    dt(x.scalar_type()), "), got ", dt(coeffs.scalar_type()));
+  TORCH_CHECK_VALUE(coeffs.device() == x.device(), op, ": coeffs must be on the device of x (", dev(x.device()),
+                    "), got ", dev(coeffs.device()));
+  TORCH_CHECK_VALUE(x.scalar_type() != at::kDouble || x.device().is_cpu(), op,
+                    ": float64 is supported on the CPU only, got x on ", dev(x.device()));
+  TORCH_CHECK_VALUE(-x.dim() <= dim && dim < x.dim(), op, ": dim must be in [", num(-x.dim()), ", ",
+                    num(x.dim() - 1), "] for x of shape ", shape(x.sizes()), ", got ", num(dim));
+  const int64_t d = at::maybe_wrap_dim(dim, x.dim());
+  TORCH_CHECK_VALUE(at::is_expandable_to(coeffs.sizes(), x.sizes()), op, ": coeffs of shape ",
+                    shape(coeffs.sizes()), " must be broadcastable to x of shape ", shape(x.sizes()));
+  if (initial.has_value()) {
+    const Tensor& h0 = *initial;
+    auto expect = x.sizes().vec();
+    expect.erase(expect.begin() + d);
+    TORCH_CHECK_VALUE(h0.scalar_type() == x.scalar_type(), op, ": initial must have the dtype of x (",
+                      dt(x.scalar_type()), "), got ", dt(h0.scalar_type()));
+    TORCH_CHECK_VALUE(h0.device() == x.device(), op, ": initial must be on the device of x (", dev(x.device()),
+                      "), got ", dev(h0.device()));
+    TORCH_CHECK_VALUE(at::is_expandable_to(h0.sizes(), expect), op, ": initial must have shape ", shape(expect),
+                      " (x without dim ", num(d), ") or broadcast to it, got ", shape(h0.sizes()));
+  }
+  return d;
+}
+
+void check_config(const char* op, const OptConfig& config) {
+  TORCH_CHECK_VALUE(!is_triton_config(config), op, ": config '", std::string(config->data(), config->size()),
+                    "' names a Triton config; pass it to the Triton op (torch.ops.linrec.scan_triton) or to "
+                    "torch_linrec.scan");
+}
+
+std::vector<int64_t> batch_shape(const Tensor& x, int64_t dim) {
+  auto s = x.sizes().vec();
+  s.erase(s.begin() + dim);
+  return s;
+}
+
+std::optional<Tensor> expand_initial(const std::optional<Tensor>& initial, const Tensor& x, int64_t dim) {
+  if (!initial.has_value()) return std::nullopt;
+  return initial->expand(batch_shape(x, dim));
+}
+
+SlotTensors<kNumSlots> slot_tensors() {
+  SlotTensors<kNumSlots> s;
+  for (int slot = 0; slot < kNumSlots; ++slot) s.batch[slot] = is_batch_slot(slot);
+  return s;
+}
+
+}  // namespace
+
+Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
+                 bool reverse, const OptConfig& config, ScanLauncher launch) {
+  const int64_t d = check_inputs("linrec.scan", x, coeffs, initial, dim);
+  check_config("linrec.scan", config);
+  Tensor y = at::empty_like(x);
+  if (y.numel() == 0) return y;
+  const Tensor c = coeffs.expand(x.sizes());
+  const auto h0 = expand_initial(initial, x, d);
+  auto s = slot_tensors();
+  s.t[kIn] = &x;
+  s.t[kCoeff] = &c;
+  s.t[kOut] = &y;
+  if (h0) s.t[kInit] = &*h0;
+  ScanParams p{};
+  fill_layout(p, s, y, d, reverse, "linrec.scan");
+  p.backward = false;
+  launch(p, x.scalar_type(), x.device(), config);
+  return y;
+}
+
+std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, const Tensor& coeffs, const Tensor& y,
+                                                      const std::optional<Tensor>& initial, int64_t dim, bool reverse,
+                                                      const OptConfig& config, ScanLauncher launch) {
+  const int64_t d = check_inputs("linrec.scan_backward", y, coeffs, initial, dim);
+  check_config("linrec.scan_backward", config);
+  TORCH_CHECK_VALUE(grad_y.sizes() == y.sizes(), "linrec.scan_backward: grad_y must have the shape of y (",
+                    shape(y.sizes()), "), got ", shape(grad_y.sizes()));
+  TORCH_CHECK_VALUE(grad_y.scalar_type() == y.scalar_type() && grad_y.device() == y.device(),
+                    "linrec.scan_backward: grad_y must have the dtype and device of y (", dt(y.scalar_type()), ", ",
+                    dev(y.device()), "), got ", dt(grad_y.scalar_type()), ", ", dev(grad_y.device()));
+  // Broadcast coeffs: on CUDA the kernels add their gradient into a float32 buffer of the coeffs'
+  // shape (no full-size temporary); elsewhere it is computed full size and reduced.
+  const bool broadcast_c = coeffs.sizes() != y.sizes();
+  const bool accumulate = broadcast_c && y.is_cuda();
+  Tensor grad_x = at::empty_like(y);
+  Tensor grad_c = accumulate ? at::zeros(coeffs.sizes(), y.options().dtype(at::kFloat)) : at::empty_like(y);
+  const Tensor grad_c_view = accumulate ? grad_c.expand(y.sizes()) : grad_c;
+  Tensor grad_h0 = at::empty(batch_shape(y, d), y.options());
+  if (y.size(d) == 0) {
+    grad_h0.zero_();
+  } else if (y.numel() > 0) {
+    const Tensor c = coeffs.expand(y.sizes());
+    const auto h0 = expand_initial(initial, y, d);
+    auto s = slot_tensors();
+    s.t[kIn] = &grad_y;
+    s.t[kCoeff] = &c;
+    s.t[kOut] = &y;
+    if (h0) s.t[kInit] = &*h0;
+    s.t[kGradIn] = &grad_x;
+    s.t[kGradCoeff] = &grad_c_view;
+    s.t[kGradInit] = &grad_h0;
+    // The vector-Jacobian product is a scan in the opposite direction.
+    ScanParams p{};
+    fill_layout(p, s, y, d, !reverse, "linrec.scan_backward");
+    p.backward = true;
+    p.accumulate_grad_coeff = accumulate;
+    launch(p, y.scalar_type(), y.device(), config);
+  }
+  if (accumulate) grad_c = grad_c.to(y.scalar_type());
+  else if (broadcast_c) grad_c = grad_c.sum_to_size(coeffs.sizes());
+  return {grad_x, grad_c, grad_h0};
+}
+
+}  // namespace linrec

@@ -1,0 +1,65 @@
+// Device-independent host side of linrec::scan and linrec::scan_backward: argument checks, output
+// allocation and the tensor -> ScanParams layout. Each device (CPU, CUDA) supplies a ScanLauncher.
+#pragma once
+#include <torch/library.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+#include <string>
+
+#include "params.h"
+
+namespace linrec {
+
+using at::Tensor;
+using OptConfig = std::optional<c10::string_view>;
+
+// Runs the kernel for `params` with tensors of `dtype` on `device`; `config` names the kernel
+// config (None: the device's default). Raises ValueError for a config it does not know or that
+// does not apply, listing the valid names.
+using ScanLauncher = void (*)(const ScanParams& params, at::ScalarType dtype, const at::Device& device,
+                              const OptConfig& config);
+
+// Config names (torch_linrec/linrec/ops.py has the same rules): "native" and "triton" name each
+// backend's default config, "triton.<...>" the Triton configs (torch_linrec/linrec/triton), which
+// the native ops reject and the autograd of linrec::scan hands to the Triton backward; a name
+// behind "prefer:" is a preference: where it does not apply, the default runs.
+constexpr const char* kNativeDefault = "native";
+constexpr const char* kTritonDefault = "triton";
+constexpr const char* kTritonConfigPrefix = "triton.";
+constexpr const char* kPreferPrefix = "prefer:";
+
+// `config` without a "prefer:" prefix, and whether it had one.
+std::string strip_prefer(c10::string_view config, bool* prefer);
+// Whether `config` (after any "prefer:") names a Triton config.
+bool is_triton_config(const OptConfig& config);
+
+Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
+                 bool reverse, const OptConfig& config, ScanLauncher launch);
+
+std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, const Tensor& coeffs, const Tensor& y,
+                                                      const std::optional<Tensor>& initial, int64_t dim, bool reverse,
+                                                      const OptConfig& config, ScanLauncher launch);
+
+// The op kernels of one device, registered by impl_scan_ops<launch>(m) in its TORCH_LIBRARY_IMPL.
+template <ScanLauncher kLaunch>
+Tensor scan_kernel(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
+                   bool reverse, OptConfig config, OptConfig /*backward_config: read by autograd*/) {
+  return scan_impl(x, coeffs, initial, dim, reverse, config, kLaunch);
+}
+
+template <ScanLauncher kLaunch>
+std::tuple<Tensor, Tensor, Tensor> scan_backward_kernel(const Tensor& grad_y, const Tensor& coeffs, const Tensor& y,
+                                                        const std::optional<Tensor>& initial, int64_t dim,
+                                                        bool reverse, OptConfig config) {
+  return scan_backward_impl(grad_y, coeffs, y, initial, dim, reverse, config, kLaunch);
+}
+
+template <ScanLauncher kLaunch>
+void impl_scan_ops(torch::Library& m) {
+  m.impl("scan", &scan_kernel<kLaunch>);
+  m.impl("scan_backward", &scan_backward_kernel<kLaunch>);
+}
+
+}  // namespace linrec

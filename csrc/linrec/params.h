@@ -1,0 +1,23 @@
+// Torch-free parameters of one linrec::scan launch (forward or backward), shared by the CPU and
+// CUDA kernels: the strided layout of common/strided.h over the scan's tensor slots.
+#pragma once
+#include "../common/strided.h"
+
+namespace linrec {
+
+// Tensor slots. Forward: reads kIn (x), kCoeff, kInit; writes kOut (y).
+// Backward: reads kIn (grad_y), kCoeff, kOut (y saved by forward), kInit;
+// writes kGradIn (grad_x), kGradCoeff, kGradInit.
+enum Slot : int { kIn = 0, kCoeff, kOut, kInit, kGradIn, kGradCoeff, kGradInit, kNumSlots };
+
+struct ScanParams : StridedLayout<kNumSlots> {
+  bool backward;  // forward scan or its vector-Jacobian product
+  // Backward with broadcast coeffs (CUDA): kGradCoeff is a float32 buffer of the coeffs'
+  // shape, expanded (stride 0 where coeffs broadcast), that the kernel adds into atomically.
+  bool accumulate_grad_coeff;
+};
+
+// Batch-shaped slots (x's shape without the scanned dim); the others have x's shape.
+constexpr bool is_batch_slot(int slot) { return slot == kInit || slot == kGradInit; }
+
+}  // namespace linrec

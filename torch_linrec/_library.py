@@ -1,0 +1,23 @@
+"""Loads ``torch_linrec._C``, the compiled library that defines every ``torch.ops.linrec`` op.
+
+Importing it registers the schemas (csrc/module.cpp) and the CPU and, when built with CUDA, the CUDA
+kernels of the native ops.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C
+
+__all__ = ["HAS_CUDA_KERNELS", "scan_cuda_configs"]
+
+HAS_CUDA_KERNELS: bool = torch._C._dispatch_has_kernel_for_dispatch_key("linrec::scan", "CUDA")
+
+
+def scan_cuda_configs(elem_size: int) -> list[str]:
+    """Names of every compiled CUDA config of the native scan for ``elem_size``-byte elements (4 or 2).
+
+    Which of them apply to a given problem and device is decided by the op (an inapplicable name
+    raises ValueError listing the ones that apply).
+    """
+    return list(_C.scan_cuda_configs(elem_size))

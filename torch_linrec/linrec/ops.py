@@ -1,0 +1,91 @@
+"""Registration of the scan ops beside their schemas: fake (meta) kernels and autograd, each once.
+
+``linrec::scan`` / ``linrec::scan_backward`` are defined in C++ (csrc/module.cpp) with CPU and CUDA
+kernels (csrc/linrec), and the autograd of ``linrec::scan`` is registered in C++ too
+(csrc/linrec/autograd.cpp: the Python autograd wrapper costs about 50 us of host time per call,
+more than the kernels of a small call). ``linrec::scan_triton`` / ``linrec::scan_backward_triton``
+are Triton ops (torch_linrec/linrec/triton) whose autograd is :func:`register_scan_autograd`. Both
+autograds run the backward op that ``backward_config`` names: a ``"triton."`` config runs
+``scan_backward_triton``, any other ``scan_backward``, so a forward and its backward may run on
+different backends.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _library  # noqa: F401  (loads the library that defines the linrec ops)
+from .checks import batch_shape, check_batch_dims, check_scan_args, check_scan_backward_args
+
+__all__ = ["fake_scan", "fake_scan_backward", "register_scan_autograd", "is_triton_config", "NATIVE", "TRITON",
+           "TRITON_PREFIX", "PREFER_PREFIX"]
+
+# Config names (csrc/linrec/ops.h has the same rules): "native" and "triton" name each backend's
+# default config, "triton.<...>" the Triton configs, "<template>.<...>" the native ones; a name
+# behind "prefer:" is a preference (the backend's default runs where it does not apply).
+NATIVE, TRITON = "native", "triton"
+TRITON_PREFIX = "triton."
+PREFER_PREFIX = "prefer:"
+
+
+def is_triton_config(config: str | None) -> bool:
+    """Whether ``config`` (after any ``"prefer:"``) names a Triton config."""
+    if config is None:
+        return False
+    name = config.removeprefix(PREFER_PREFIX)
+    return name == TRITON or name.startswith(TRITON_PREFIX)
+
+
+def fake_scan(x, coeffs, initial=None, dim=-1, reverse=False, config=None, backward_config=None):
+    """Fake kernel of every scan forward op: ``y`` has the shape, dtype and strides ``empty_like(x)`` gives."""
+    d = check_scan_args("linrec.scan", x, coeffs, initial, dim, float64_ok=x.device.type == "cpu")
+    y = torch.empty_like(x)
+    check_batch_dims("linrec.scan", y, d, [x, coeffs.expand(x.shape), y],
+                     [] if initial is None else [initial.expand(batch_shape(x, d))])
+    return y
+
+
+def fake_scan_backward(grad_y, coeffs, y, initial, dim, reverse, config=None):
+    """Fake kernel of every scan backward op, allocating exactly as csrc/linrec/ops.cpp does."""
+    d = check_scan_backward_args("linrec.scan_backward", grad_y, coeffs, y, initial, dim,
+                                 float64_ok=y.device.type == "cpu")
+    grad_x = torch.empty_like(y)
+    grad_c = torch.empty_like(y)
+    check_batch_dims("linrec.scan_backward", y, d, [grad_y, coeffs.expand(y.shape), y, grad_x, grad_c],
+                     [grad_x.new_empty(batch_shape(y, d))])
+    if coeffs.shape != y.shape:
+        grad_c = grad_c.sum_to_size(coeffs.shape)
+    grad_h0 = y.new_empty(batch_shape(y, d))
+    return grad_x, grad_c, grad_h0
+
+
+torch.library.register_fake("linrec::scan")(fake_scan)
+torch.library.register_fake("linrec::scan_backward")(fake_scan_backward)
+
+
+def _setup_context(ctx, inputs, output):
+    x, coeffs, initial, dim, reverse, config, backward_config = inputs
+    ctx.save_for_backward(coeffs, output, initial)
+    ctx.dim, ctx.reverse, ctx.backward_config = dim, reverse, backward_config
+
+
+def _backward(ctx, grad_y):
+    coeffs, y, initial = ctx.saved_tensors
+    cfg = ctx.backward_config
+    triton = cfg is None or is_triton_config(cfg)  # None: the forward's own (Triton) backend
+    op = torch.ops.linrec.scan_backward_triton if triton else torch.ops.linrec.scan_backward
+    grad_x, grad_c, grad_h0 = op(grad_y, coeffs, y, initial, ctx.dim, ctx.reverse, None if cfg == NATIVE else cfg)
+    if initial is None:
+        grad_h0 = None
+    elif grad_h0.shape != initial.shape:
+        grad_h0 = grad_h0.sum_to_size(initial.shape)
+    return grad_x, grad_c, grad_h0, None, None, None, None
+
+
+def register_scan_autograd(forward_op: str) -> None:
+    """Registers the scan gradient for ``forward_op``, a Triton op of ``linrec::scan``'s schema.
+
+    The backward runs the op that the call's ``backward_config`` names (see the module docs; None:
+    the Triton backward with its default config).
+    Saved for backward: ``coeffs`` and the output ``y`` only.
+    """
+    torch.library.register_autograd(forward_op, _backward, setup_context=_setup_context)
