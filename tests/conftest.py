@@ -2,7 +2,7 @@
 test_errors, test_cuda). Sample inputs live in tests/samples.py.
 
 Devices: "cpu" always; "cuda" only where a GPU is visible and torch_linrec was built with its CUDA
-kernels (``torch_linrec.ops.HAS_CUDA_KERNELS``); CUDA params carry the ``cuda`` mark.
+kernels (``torch_linrec._library.HAS_CUDA_KERNELS``); CUDA params carry the ``cuda`` mark.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_linrec  # noqa: F401  (registers the ops)
-from torch_linrec.ops import HAS_CUDA_KERNELS
+from torch_linrec._library import HAS_CUDA_KERNELS
 
 HAS_CUDA = torch.cuda.is_available() and HAS_CUDA_KERNELS
 

@@ -7,6 +7,11 @@ also carries a ``.name``; :data:`SAMPLE_NAMES` lists them so tests can be parame
 
 Values: ``x`` and ``initial`` ~ randn, ``coeffs`` ~ uniform(0.5, 1), drawn on the CPU from a
 generator seeded by the sample's name (so the CPU and CUDA runs see the same numbers).
+
+References are the library's (:mod:`torch_linrec.linrec.reference`): :func:`ref_scan` runs
+``scan_ref`` (or ``chunked_scan`` for long sequences) on float64 CPU copies; for the backward, tests
+call ``scan_backward_ref(..., scan=chunked_scan)``, which reads inputs of any dtype and device as
+float64 on the CPU.
 """
 from __future__ import annotations
 
@@ -15,11 +20,11 @@ from typing import Callable, NamedTuple
 
 import torch
 
-import torch_linrec
+from torch_linrec import chunked_scan, scan_backward_ref, scan_ref
 
 __all__ = ["Sample", "SAMPLE_NAMES", "SMALL_SAMPLE_NAMES", "make_sample", "sample_inputs", "unpack",
-           "ref_scan", "ref_scan_backward", "blocked_scan_ref", "scaled_err", "assert_close_scaled", "TOL",
-           "batch_shape", "poison_allocator"]
+           "ref_scan", "scaled_err", "assert_close_scaled", "TOL", "batch_shape", "poison_allocator",
+           "check_against_cpu_kernel"]
 
 # Max allowed  max|out - ref| / max(max|ref|, 1)  per dtype.
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -174,60 +179,17 @@ def _f64(t):
     return None if t is None else t.detach().to("cpu", torch.float64)
 
 
+# Above this length the forward reference is chunked_scan (O(sqrt L) Python steps), below it the
+# step-by-step scan_ref.
+LONG = 2048
+
+
 def ref_scan(x, coeffs, initial=None, dim=-1, reverse=False) -> torch.Tensor:
-    """Float64 CPU reference of the forward from the (possibly low-precision) inputs."""
-    x, coeffs, initial = _f64(x), _f64(coeffs), _f64(initial)
-    if x.shape[dim % x.dim()] > 2048:
-        return blocked_scan_ref(x, coeffs, initial, dim, reverse)
-    return torch_linrec.scan_ref(x, coeffs, initial, dim, reverse)
-
-
-def ref_scan_backward(grad_y, coeffs, y, initial, dim, reverse):
-    """Float64 CPU reference of ``scan_backward``; handles L == 0 (grads zero)."""
-    grad_y, coeffs, y, initial = _f64(grad_y), _f64(coeffs), _f64(y), _f64(initial)
-    d = dim % y.dim()
-    if y.shape[d] == 0:
-        return torch.zeros_like(y), torch.zeros(coeffs.shape, dtype=y.dtype), torch.zeros(batch_shape(y, d),
-                                                                                           dtype=y.dtype)
-    return torch_linrec.scan_backward_ref(grad_y, coeffs, y, initial, d, reverse)
-
-
-def blocked_scan_ref(x, coeffs, initial=None, dim=-1, reverse=False, block: int = 1024) -> torch.Tensor:
-    """The scan in float64, vectorized over blocks of ``block`` steps (two Python loops of ~sqrt(L)
-    steps instead of one of L), for long sequences. Runs on the device of ``x``.
-    """
-    dim = dim % x.dim()
-    x64 = x.detach().double()
-    c64 = coeffs.detach().double().expand(x.shape)
-    xs, cs = x64.movedim(dim, -1), c64.movedim(dim, -1)
-    if reverse:
-        xs, cs = xs.flip(-1), cs.flip(-1)
-    L = xs.shape[-1]
-    if L == 0:
-        return torch.empty_like(x64)
-    nb = -(-L // block)
-    pad = nb * block - L
-    xs = torch.nn.functional.pad(xs, (0, pad), value=0.0)
-    cs = torch.nn.functional.pad(cs, (0, pad), value=1.0)
-    xb = xs.reshape(*xs.shape[:-1], nb, block)
-    cb = cs.reshape(*cs.shape[:-1], nb, block)
-    local = torch.empty_like(xb)
-    h = torch.zeros_like(xb[..., 0])
-    for k in range(block):  # scan inside every block at once, from zero
-        h = cb[..., k] * h + xb[..., k]
-        local[..., k] = h
-    prod = torch.cumprod(cb, -1)  # prod[.., b, k] = c[b, 0] * ... * c[b, k]
-    carry = torch.zeros_like(xs[..., 0])
-    if initial is not None:
-        carry = carry + initial.detach().double().to(x64.device)
-    carries = torch.empty_like(xb[..., 0])
-    for b in range(nb):  # state entering each block
-        carries[..., b] = carry
-        carry = prod[..., b, -1] * carry + local[..., b, -1]
-    y = (local + prod * carries[..., None]).reshape(xs.shape)[..., :L]
-    if reverse:
-        y = y.flip(-1)
-    return y.movedim(-1, dim).contiguous()
+    """Float64 CPU reference of the forward from the (possibly low-precision, CUDA) inputs:
+    :func:`torch_linrec.scan_ref` on float64 copies, :func:`torch_linrec.chunked_scan` for long sequences."""
+    if x.shape[dim % x.dim()] > LONG:
+        return chunked_scan(x, coeffs, initial, dim, reverse)
+    return scan_ref(_f64(x), _f64(coeffs), _f64(initial), dim, reverse)
 
 
 def scaled_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -258,17 +220,21 @@ def poison_allocator(t_like: torch.Tensor, copies: int = 4) -> None:
     del bufs
 
 
-def check_against_cpu_kernel(x, c, h0, dim, reverse, dtype) -> None:
+def check_against_cpu_kernel(x, c, h0, dim, reverse, dtype, config=None, backward_config=None) -> None:
     """Runs the native op and its backward on ``x``'s device (freed memory poisoned with NaN first,
-    so unwritten outputs show) and compares every output with the CPU kernel's."""
+    so unwritten outputs show) and compares every output with the CPU kernel's.
+
+    ``config`` / ``backward_config`` name the kernel configs of the forward / backward op on ``x``'s
+    device (None: its default); the CPU kernel always runs with its default.
+    """
     scan, scan_backward = torch.ops.linrec.scan, torch.ops.linrec.scan_backward
     h0_cpu = None if h0 is None else h0.cpu()
     poison_allocator(x, copies=6)
-    y = scan(x, c, h0, dim, reverse)
+    y = scan(x, c, h0, dim, reverse, config)
     assert bool(torch.isfinite(y).all()), "forward left elements unwritten (NaN) or overflowed"
     gy = torch.randn_like(y)
     poison_allocator(x, copies=6)
-    grads = scan_backward(gy, c, y, h0, dim, reverse)
+    grads = scan_backward(gy, c, y, h0, dim, reverse, backward_config)
     for what, g in zip(("grad_x", "grad_coeffs", "grad_initial"), grads):
         assert bool(torch.isfinite(g).all()), f"{what} left elements unwritten (NaN)"
     assert_close_scaled(y, scan(x.cpu(), c.cpu(), h0_cpu, dim, reverse), dtype, "forward vs CPU kernel")

@@ -1,10 +1,19 @@
-"""``python -m torch_linrec``: check every implementation, then benchmark the case suite.
+"""``python -m torch_linrec``: check every implementation, then benchmark the case suite;
+``python -m torch_linrec tune``: tune the kernel configs of this GPU (the tuned config cache).
 
-See :mod:`torch_linrec.bench.cli` and ``python -m torch_linrec --help``.
+See :mod:`torch_linrec.bench.cli`, :mod:`torch_linrec.bench.tune` and ``--help``.
 """
 import sys
 
 from .bench import main
 
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["tune"]:
+        from .bench.tune import main as tune_main
+        return tune_main(argv[1:])
+    return main(argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main(sys.argv[1:]))

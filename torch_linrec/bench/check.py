@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..reference import scan_ref
+from ..linrec.reference import scan_ref
 from .cases import COEFF_RANGE
 from .impls import Impl
 from .reference import rel_err

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m torch_linrec",
         description="Check every torch_linrec implementation against a float64 reference, then benchmark "
-                    "the case suite against torch.add and write a table, a CSV file and a PNG chart.")
+                    "the case suite against torch.add and write a table, a CSV file and a PNG chart. "
+                    "`python -m torch_linrec tune --help`: the tuner of the per-GPU config cache.")
     p.add_argument("--cases", nargs="+", metavar="NAME",
                    help=f"cases to run (space or comma separated); default all: {', '.join(c.name for c in SUITE)}")
     p.add_argument("--impls", nargs="+", metavar="NAME",

@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from ..api import available_backends
 from ..api import scan as _scan
+from ..dispatch import available_backends, choose
 
 __all__ = ["Impl", "implementations", "register_impls", "select_impls"]
 
@@ -29,11 +29,14 @@ class Impl:
         fn: ``fn(x, coeffs, initial=None, dim=-1, reverse=False) -> y``, differentiable in
             ``x``, ``coeffs`` and ``initial``.
         slow: a python loop (or an interpreter): timed only on tiny cases, else reported n/a.
+        describe: ``describe(x, coeffs, dim) -> str``: the backend and configs the call runs with
+            (the table's ``config`` column), or None.
     """
 
     name: str
     fn: ScanFn
     slow: bool = False
+    describe: Callable[..., str] | None = None
 
 
 _FACTORIES: list[Callable[[torch.device], list[Impl]]] = []
@@ -60,13 +63,29 @@ def _reference(x, coeffs, initial=None, dim=-1, reverse=False):
     return _scan(x, coeffs, initial, dim, reverse, backend="reference")
 
 
+def _auto(x, coeffs, initial=None, dim=-1, reverse=False):
+    return _scan(x, coeffs, initial, dim, reverse, backend="auto")
+
+
+def describe_auto(x: torch.Tensor, coeffs: torch.Tensor, dim: int) -> str:
+    """``"<fwd backend>:<config> / <bwd backend>:<config>"`` that ``backend="auto"`` runs on this call."""
+    c = choose(x, coeffs, dim % x.dim(), "auto")
+    fwd = (c.config or "default").removeprefix("prefer:")
+    bwd = (c.backward_config or c.backend).removeprefix("prefer:")
+    fwd = fwd if fwd.startswith(("triton", "native")) else f"{c.backend}:{fwd}"
+    return f"{fwd} / {bwd if bwd.startswith(('triton', 'native')) else 'native:' + bwd}"
+
+
 def _backend_impls(device: torch.device) -> list[Impl]:
     table = {
-        "native": Impl("native", _native),
-        "triton": Impl("triton", _triton, slow=device.type != "cuda"),
+        "native": Impl("native", _native, describe=lambda x, c, d: "native (defaults)"),
+        "triton": Impl("triton", _triton, slow=device.type != "cuda", describe=lambda x, c, d: "triton (defaults)"),
         "reference": Impl("reference", _reference, slow=True),
     }
-    return [table[name] for name in available_backends(device) if name in table]
+    impls = [table[name] for name in available_backends(device) if name in table]
+    if device.type == "cuda":  # the tuned cache applies on CUDA only
+        impls.insert(0, Impl("auto", _auto, describe=describe_auto))
+    return impls
 
 
 def implementations(device: torch.device | str) -> list[Impl]:

@@ -13,7 +13,7 @@ __all__ = ["format_table", "format_notes", "write_csv", "plot_ratios", "case_lab
 TOLERANCE_NOTE = "the check tolerance (" + ", ".join(
     f"{str(dt).removeprefix('torch.')} {tol:g}" for dt, tol in TOLERANCE.items()) + ")"
 _HEADER = ("implementation", "case", "shape", "dtype", "ms fwd", "ms fwd+bwd", "GB/s fwd", "GB/s fwd+bwd",
-           "ratio fwd", "ratio fwd+bwd", "peak mem", "max err", "status")
+           "ratio fwd", "ratio fwd+bwd", "peak mem", "max err", "status", "config (fwd / bwd)")
 
 
 def case_label(row: Row) -> str:
@@ -39,7 +39,7 @@ def _cells(row: Row) -> tuple[str, ...]:
         mem = f"{row.peak_mem_mb:{'.0f' if row.peak_mem_mb >= 10 else '.2f'}} MB ({row.peak_mem_tensors:.2f}x)"
     return (row.impl, case_label(row), row.shape, row.dtype, num(row.ms_fwd, _ms), num(row.ms_fwdbwd, _ms),
             num(row.gbps_fwd, ".1f"), num(row.gbps_fwdbwd, ".1f"), num(row.ratio_fwd, ".3g"),
-            num(row.ratio_fwdbwd, ".3g"), mem, num(row.max_err, ".1e"), row.status)
+            num(row.ratio_fwdbwd, ".3g"), mem, num(row.max_err, ".1e"), row.status, row.config)
 
 
 def format_table(rows: list[Row]) -> str:
@@ -52,7 +52,7 @@ def format_table(rows: list[Row]) -> str:
     """
     table = [_HEADER] + [_cells(row) for row in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(_HEADER))]
-    left = {0, 1, 2, 3, 12}
+    left = {0, 1, 2, 3, 12, 13}
 
     def fmt(cells):
         return "  ".join(c.ljust(w) if i in left else c.rjust(w)

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from .cases import Case, format_shape, is_tiny, make_inputs
 from .check import TOLERANCE
 from .impls import Impl
-from .reference import chunked_scan, chunked_scan_backward, rel_err
+from ..linrec.reference import chunked_scan, scan_backward_ref
+from .reference import rel_err
 from .timing import Timer, free_memory, measure_peak
 
 __all__ = ["Row", "run_benchmark", "SliceReference", "REF_SEQS"]
@@ -63,6 +64,7 @@ class Row:
     max_err: float = NAN
     status: str = "ok"
     error: str = ""
+    config: str = ""
     device: str = ""
     torch: str = torch.__version__
 
@@ -101,7 +103,7 @@ class SliceReference:
         if self._expected is None:
             x, c, gy = self._inputs
             y_ref = chunked_scan(x, c, None, self.dim)
-            grad_x_ref, grad_c_ref, _ = chunked_scan_backward(gy, c, y_ref, None, self.dim)
+            grad_x_ref, grad_c_ref, _ = scan_backward_ref(gy, c, y_ref, None, self.dim, scan=chunked_scan)
             self._expected = [y_ref, grad_x_ref, grad_c_ref]
         return [rel_err(self.slice(a), e) for a, e in zip((y, grad_x, grad_c), self._expected)]
 
@@ -124,6 +126,8 @@ def _bench_impl(impl: Impl, row: Row, inputs, ref: SliceReference, timer: Timer,
         y = impl.fn(xg, cg, dim=dim)
         return (y, *torch.autograd.grad(y, (xg, cg), gy))
 
+    if impl.describe is not None:
+        row.config = impl.describe(x, c, dim)
     outs, peak = measure_peak(fwd_bwd, device)
     tensor_bytes = x.numel() * x.element_size()
     if peak is not None:

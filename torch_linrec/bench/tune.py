@@ -1,0 +1,182 @@
+"""The tuner, ``python -m torch_linrec tune``: measures every applicable kernel config of each
+backend per problem bucket on this GPU and writes the tuned config cache.
+
+For each tuning problem (a shape, layout and dtype; its bucket is
+:func:`torch_linrec.dispatch.bucket_key`) and each direction, every config name of
+:func:`torch_linrec.config_names` runs (``"native"``, the native defaults, among them); names that
+do not apply to the layout raise ValueError and are skipped. The fastest wins, except that the
+native default stays where it is within :data:`KEEP_DEFAULT` of the fastest (no churn from noise).
+Times are medians (``triton.testing.do_bench``), compared with ``torch.add`` on the same shape in
+the same process: forward ratio ``t_add / t`` (3 tensors moved), backward ``(5/3) t_add / t`` (5).
+Tuning never runs implicitly: only this command writes cache files.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..configs import cache_file_name, device_identity, write
+from ..dispatch import bucket_key, clear_memo, layout_class
+from ..linrec.configs import config_names
+from ..linrec.ops import is_triton_config
+from .cases import format_shape, make_inputs
+from .timing import make_timer
+
+__all__ = ["TuneProblem", "PROBLEMS", "QUICK", "main", "tune"]
+
+KEEP_DEFAULT = 0.02
+_F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
+_DTYPES = {"float32": _F32, "bfloat16": _BF16, "float16": _F16}
+
+
+@dataclass(frozen=True)
+class TuneProblem:
+    """A tuning shape: ``x`` of ``shape`` scanned along ``dim``; ``coeffs`` of ``coeff_shape`` (None: full)."""
+
+    name: str
+    shape: tuple
+    dim: int
+    coeff_shape: tuple | None = None
+
+
+# One problem per bucket: innermost rows from many short to few very long, (B, L, D) channels from
+# a decoding-size call to a large layer, and broadcast (time-invariant) coeffs.
+PROBLEMS: tuple[TuneProblem, ...] = (
+    TuneProblem("NL-131072x1024", (131072, 1024), -1),
+    TuneProblem("NL-8192x256", (8192, 256), -1),
+    TuneProblem("NL-2048x1024", (2048, 1024), -1),
+    TuneProblem("NL-32768x4096", (32768, 4096), -1),
+    TuneProblem("NL-4096x16384", (4096, 16384), -1),
+    TuneProblem("NL-1024x65536", (1024, 65536), -1),
+    TuneProblem("NL-128x1048576", (128, 1 << 20), -1),
+    TuneProblem("NL-16x4194304", (16, 1 << 22), -1),
+    TuneProblem("NL-4x16777216", (4, 1 << 24), -1),
+    TuneProblem("BLD-8x4096x4096", (8, 4096, 4096), 1),
+    TuneProblem("BLD-1x1024x2048", (1, 1024, 2048), 1),
+    TuneProblem("BLD-4x2048x1536", (4, 2048, 1536), 1),
+    TuneProblem("BLD-2x16384x1024", (2, 16384, 1024), 1),
+    TuneProblem("BLD-32x512x768", (32, 512, 768), 1),
+    TuneProblem("BLD-8x4096x4096-bcast", (8, 4096, 4096), 1, (4096,)),
+    TuneProblem("NL-131072x1024-bcast", (131072, 1024), -1, (131072, 1)),
+)
+# --quick: the buckets of the main job's suite.
+QUICK = ("NL-131072x1024", "NL-128x1048576", "NL-16x4194304", "BLD-8x4096x4096", "BLD-1x1024x2048")
+
+
+def _run_fwd(cfg, x, c, dim):
+    if is_triton_config(cfg):
+        return lambda: torch.ops.linrec.scan_triton(x, c, None, dim, False, cfg)
+    return lambda: torch.ops.linrec.scan(x, c, None, dim, False, cfg)
+
+
+def _run_bwd(cfg, gy, c, y, dim):
+    if is_triton_config(cfg):
+        return lambda: torch.ops.linrec.scan_backward_triton(gy, c, y, None, dim, False, cfg)
+    return lambda: torch.ops.linrec.scan_backward(gy, c, y, None, dim, False, cfg)
+
+
+def _pick(times: dict) -> str:
+    best = min(times, key=times.get)
+    if "native" in times and times["native"] <= (1 + KEEP_DEFAULT) * times[best]:
+        return "native"
+    return best
+
+
+def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: bool = True, log=print) -> dict:
+    """Measures every config on every problem and dtype; returns the cache entries (bucket -> entry)."""
+    timer = make_timer(device, quick=quick)
+    entries: dict = {}
+    todo = [(p, dt) for p in problems for dt in dtypes]
+    with tqdm(total=len(todo), desc="tune", unit="problem", disable=True if not progress else None,
+              dynamic_ncols=True, leave=False) as bar:
+        for prob, dtype in todo:
+            bar.set_postfix_str(f"{prob.name} {str(dtype).removeprefix('torch.')}")
+            x, c, gy = make_inputs(prob.shape, dtype, device, coeff_shape=prob.coeff_shape)
+            dim = prob.dim % x.dim()
+            t_add = timer(lambda: torch.add(x, c))
+            layout = layout_class(x, c, dim)
+            rows = x.numel() // x.shape[dim]
+            y = torch.ops.linrec.scan(x, c, None, dim, False)
+            names = ["native"] + [n for n in config_names(device, dtype) if n != "native"]
+            for direction, make, moved in (("fwd", lambda n: _run_fwd(n, x, c, dim), 3),
+                                           ("bwd", lambda n: _run_bwd(n, gy, c, y, dim), 5)):
+                times = {}
+                for name in names:
+                    fn = make(name)
+                    try:
+                        fn()
+                    except ValueError:  # the config does not apply to this layout
+                        continue
+                    times[name] = timer(fn)
+                win = _pick(times)
+                key = bucket_key("scan", direction, dtype, layout, x.shape[dim], rows)
+                entries[key] = {"config": win, "backend": "triton" if is_triton_config(win) else "native",
+                                "ratio": round(moved / 3 * t_add / times[win], 4), "ms": round(times[win], 5),
+                                "ms_native_default": round(times["native"], 5), "problem": prob.name}
+                log(f"  {prob.name:<24} {str(dtype).removeprefix('torch.'):<9} {direction}  {win:<24} "
+                    f"ratio {moved / 3 * t_add / times[win]:.3f}  (native default "
+                    f"{moved / 3 * t_add / times['native']:.3f}; {len(times)} configs)")
+            del x, c, gy, y
+            torch.cuda.empty_cache()
+            bar.update(1)
+    return entries
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m torch_linrec tune",
+                                description="Tune the kernel configs of every backend on this GPU and write the "
+                                            "tuned config cache (see torch_linrec.configs).")
+    p.add_argument("--quick", action="store_true", help=f"only the main job's buckets, short timings (< 2 min)")
+    p.add_argument("--cases", nargs="+", metavar="NAME",
+                   help="tuning problems (space or comma separated); default all: "
+                        + ", ".join(q.name for q in PROBLEMS))
+    p.add_argument("--dtypes", nargs="+", metavar="DTYPE", help="float32, bfloat16, float16 (default: all; "
+                                                                 "--quick: float32, bfloat16)")
+    p.add_argument("--out", type=Path, metavar="FILE", help="the cache file to write (default: the user cache "
+                                                            "directory's file for this GPU)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--device", default="cuda", help="the CUDA device to tune (default: cuda)")
+    return p
+
+
+def _split(values):
+    return [n for v in values for n in v.split(",") if n] if values else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the tuner with command-line arguments ``argv``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("the tuner needs a CUDA GPU (the CPU has one kernel config)")
+    device = torch.device(args.device)
+    known = {p.name: p for p in PROBLEMS}
+    names = _split(args.cases) or (list(QUICK) if args.quick else list(known))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown tuning problem(s) {unknown}; known: {list(known)}")
+    dnames = _split(args.dtypes) or (["float32", "bfloat16"] if args.quick else list(_DTYPES))
+    if any(d not in _DTYPES for d in dnames):
+        parser.error(f"--dtypes must be among {list(_DTYPES)}, got {dnames}")
+    identity = device_identity(device)
+    print(f"tuning on {identity['name']} (sm {identity['capability']}, {identity['sms']} SMs): "
+          f"{len(names)} problems x {len(dnames)} dtypes x fwd/bwd")
+    start = time.perf_counter()
+    entries = tune([known[n] for n in names], [_DTYPES[d] for d in dnames], device, quick=args.quick,
+                   progress=not args.no_progress)
+    elapsed = time.perf_counter() - start
+    settings = {"quick": args.quick, "problems": names, "dtypes": dnames, "keep_default": KEEP_DEFAULT,
+                "seconds": round(elapsed, 1)}
+    path = write(entries, identity, settings, path=args.out)
+    clear_memo()
+    print(f"\nwinners ({len(entries)} buckets, {elapsed:.0f} s):")
+    width = max(len(k) for k in entries)
+    for key, e in sorted(entries.items()):
+        print(f"  {key:<{width}}  {e['config']:<24} ratio {e['ratio']:.3f}")
+    print(f"wrote {path}")
+    return 0
