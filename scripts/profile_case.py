@@ -1,22 +1,24 @@
-"""Runs one case's native forward a few times (for ncu): python scripts/profile_case.py few-long [fwd|bwd|add]
-(add: torch.add on the same shape, the memory-bound reference)."""
+"""Runs one suite case a few times, for ncu:
+    python scripts/profile_case.py CASE [fwd|bwd|add] [CONFIG]
+(add: torch.add on the same shape, the memory-bound reference; CONFIG: a kernel config name, as
+torch_linrec.config_names lists; default the device's default)."""
 import sys
 
 import torch
 
 import torch_linrec  # noqa: F401
-from quick_perf import CASES  # noqa: E402
+from torch_linrec.bench.cases import make_inputs, select_cases
 
 name, what = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "fwd")
-shape, dim, dt = next((s, d, t) for n, s, d, t in CASES if n == name)
-x = torch.randn(shape, device="cuda", dtype=dt)
-c = torch.rand(shape, device="cuda", dtype=dt) * 0.5 + 0.5
-y = torch.ops.linrec.scan(x, c, None, dim, False)
+config = sys.argv[3] if len(sys.argv) > 3 else None
+case = select_cases([name])[0]
+x, c, gy = make_inputs(case.shape("full"), case.dtype, "cuda")
+y = torch.ops.linrec.scan(x, c, None, case.dim, False)
 for _ in range(3):
     if what == "add":
         torch.add(x, c)
     elif what == "fwd":
-        torch.ops.linrec.scan(x, c, None, dim, False)
+        torch.ops.linrec.scan(x, c, None, case.dim, False, config)
     else:
-        torch.ops.linrec.scan_backward(x, c, y, None, dim, False)
+        torch.ops.linrec.scan_backward(gy, c, y, None, case.dim, False, config)
 torch.cuda.synchronize()
