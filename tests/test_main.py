@@ -13,9 +13,9 @@ import torch
 from torch_linrec.bench import SUITE, Impl, Row, implementations, main, run_benchmark, run_checks
 from torch_linrec.bench.cases import make_inputs
 from torch_linrec.bench.check import CHECK_CONFIGS, TOLERANCE
-from torch_linrec.bench.reference import chunked_scan, chunked_scan_backward, rel_err
+from torch_linrec.bench.reference import rel_err
 from torch_linrec.bench.timing import make_timer
-from torch_linrec.reference import scan_backward_ref, scan_ref
+from torch_linrec.linrec.reference import chunked_scan, scan_backward_ref, scan_ref
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -119,11 +119,13 @@ def test_unknown_names_are_rejected(argv, capsys):
     ((2, 17, 3), 1, False, (2, 1, 3), None, 16),
 ])
 def test_chunked_reference_matches_scan_ref(shape, dim, reverse, coeffs, initial, chunk):
-    """The fast float64 reference of the benchmark agrees with the step-by-step loop."""
+    """The fast float64 reference (torch_linrec.linrec.reference.chunked_scan, which the benchmark's
+    checks use) agrees with the step-by-step loop, forward and backward (scan_backward_ref on either)."""
     x, c, gy = make_inputs(shape, torch.float64, CPU, seed=1, coeff_shape=coeffs)
     h0 = torch.randn(initial, dtype=torch.float64) if initial else None
     y = scan_ref(x, c, h0, dim, reverse)
     assert rel_err(chunked_scan(x, c, h0, dim, reverse, chunk=chunk), y) < 1e-13
-    grads = zip(chunked_scan_backward(gy, c, y, h0, dim, reverse), scan_backward_ref(gy, c, y, h0, dim, reverse))
+    grads = zip(scan_backward_ref(gy, c, y, h0, dim, reverse, scan=chunked_scan),
+                scan_backward_ref(gy, c, y, h0, dim, reverse))
     for got, want in grads:
         assert got.shape == want.shape and rel_err(got, want) < 1e-13

@@ -5,11 +5,12 @@ import zlib
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_linrec
 from conftest import DEVICES, device_dtype_params
-from samples import (SAMPLE_NAMES, TOL, assert_close_scaled, batch_shape, blocked_scan_ref, make_sample,
-                     poison_allocator, ref_scan, ref_scan_backward, unpack)
+from samples import SAMPLE_NAMES, TOL, assert_close_scaled, batch_shape, make_sample, poison_allocator, ref_scan, unpack
+from torch_linrec import chunked_scan, scan_backward_ref, scan_ref
 
 scan_op = torch.ops.linrec.scan
 scan_backward_op = torch.ops.linrec.scan_backward
@@ -52,7 +53,7 @@ def test_backward_op_matches_reference(name, device, dtype):
     grad_y = randn_like_seeded(y, zlib.crc32(name.encode()) + 1)
     poison_allocator(y, copies=6)
     gx, gc, gh = scan_backward_op(grad_y, c, y, h0, dim, reverse)
-    rx, rc, rh = ref_scan_backward(grad_y, c, y, h0, dim, reverse)
+    rx, rc, rh = scan_backward_ref(grad_y, c, y, h0, dim, reverse, scan=chunked_scan)
     assert gx.shape == x.shape and gc.shape == c.shape and tuple(gh.shape) == batch_shape(x, dim)
     for what, g in (("grad_x", gx), ("grad_coeffs", gc), ("grad_initial", gh)):
         assert g.dtype == dtype and g.device == x.device, what
@@ -163,7 +164,7 @@ def test_backward_op_any_grad_y_layout(layout, reverse, device, dtype):
     else:
         grad_y = torch.randn(y.shape[0], y.shape[1] * 2, y.shape[2], generator=g).to(device, dtype)[:, 1::2]
     got = scan_backward_op(grad_y, c, y, h0, dim, reverse)
-    ref = ref_scan_backward(grad_y, c, y, h0, dim, reverse)
+    ref = scan_backward_ref(grad_y, c, y, h0, dim, reverse, scan=chunked_scan)
     for what, a, b in zip(("grad_x", "grad_coeffs", "grad_initial"), got, ref):
         assert_close_scaled(a, b, dtype, what)
 
@@ -188,19 +189,48 @@ def test_eight_uncoalescable_batch_dims(reverse, device):
     assert_close_scaled(y, ref_scan(x, c, h0, 0, reverse), torch.float32)
     gy = torch.ones_like(y)
     got = scan_backward_op(gy, c, y, h0, 0, reverse)
-    for what, a, b in zip(("grad_x", "grad_coeffs", "grad_initial"), got, ref_scan_backward(gy, c, y, h0, 0, reverse)):
+    ref = scan_backward_ref(gy, c, y, h0, 0, reverse, scan=chunked_scan)
+    for what, a, b in zip(("grad_x", "grad_coeffs", "grad_initial"), got, ref):
         assert_close_scaled(a, b, torch.float32, what)
+
+
+_NINE_DIMS = r"the layout of x needs 9 batch dims after coalescing, at most 8 are supported; call .contiguous\(\)"
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_nine_uncoalescable_batch_dims_raise_clearly(device):
-    """Current limit: 9 batch dims that cannot be coalesced raise, telling the caller what to do
-    (the fake kernel does not model this limit, so torch.compile traces such calls without error)."""
+    """Current limit: 9 batch dims that cannot be coalesced raise ValueError, telling the caller what
+    to do; contiguous copies of the same inputs run."""
     x, c, h0 = _sliced_rank(10, device)
-    with pytest.raises(RuntimeError, match=r"at most 8 are supported; call .contiguous\(\)"):
+    with pytest.raises(ValueError, match=_NINE_DIMS):
         scan_op(x, c, h0, 0, False)
+    with pytest.raises(ValueError, match=r"linrec.scan_backward: " + _NINE_DIMS):
+        scan_backward_op(torch.ones_like(x), c, x, h0, 0, False)
     y = scan_op(x.contiguous(), c.contiguous(), h0, 0, False)
     assert_close_scaled(y, ref_scan(x, c, h0, 0, False), torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nine_uncoalescable_batch_dims_raise_in_fake_kernels(device):
+    """The fake (meta) kernels model the limit too, so torch.compile rejects such calls at trace time
+    rather than at run time; the same layout made contiguous, or with 8 batch dims, passes."""
+    x, c, h0 = _sliced_rank(10, device)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fx, fc, fh = (mode.from_tensor(t) for t in (x, c, h0))
+        with pytest.raises(ValueError, match=_NINE_DIMS):
+            scan_op(fx, fc, fh, 0, False)
+        with pytest.raises(ValueError, match=r"linrec.scan_backward: " + _NINE_DIMS):
+            scan_backward_op(torch.ones_like(fx), fc, fx, fh, 0, False)
+        y = scan_op(fx.contiguous(), fc.contiguous(), fh, 0, False)
+        assert y.shape == x.shape
+        x8, c8, h8 = (mode.from_tensor(t) for t in _sliced_rank(9, device))
+        assert scan_op(x8, c8, h8, 0, True).shape == x8.shape
+        assert scan_backward_op(torch.ones_like(x8), c8, x8, h8, 0, True)[0].shape == x8.shape
+    # Meta tensors run the fake kernel as well.
+    every_other = (slice(None, None, 2),) * 10
+    xm = torch.empty((4,) * 10, device="meta")[every_other]
+    with pytest.raises(ValueError, match=_NINE_DIMS):
+        scan_op(xm, xm, None, 0, False)
 
 
 # ----------------------------------------------------------------------------------------------- long sequences
@@ -222,42 +252,40 @@ _LONG = [pytest.param(((3, 2 ** 20 + 3), -1), id="3x(2^20+3)"), pytest.param(((2
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("case", _LONG)
 def test_long_sequences(case, reverse, device, dtype):
-    """Multi-chunk sequences (the CUDA kernel's look-back across chunks); the reference runs blocked in
-    float64 on the device."""
+    """Multi-chunk sequences (the CUDA kernel's look-back across chunks) against the library's chunked
+    float64 reference (torch_linrec.chunked_scan, and scan_backward_ref on it)."""
     if device == "cpu" and dtype != torch.float32:
         pytest.skip("the CPU kernel is a plain loop; one dtype is enough there")
     x, c, h0, dim = _long_case(case, device, dtype)
     y = scan_op(x, c, h0, dim, reverse)
-    ref = blocked_scan_ref(x, c, h0, dim, reverse)
     assert bool(torch.isfinite(y).all())
-    assert_close_scaled(y, ref, dtype, "long forward")
-    # Backward: grad_x is the reverse-direction scan of grad_y with coefficients shifted by one step.
+    assert_close_scaled(y, chunked_scan(x, c, h0, dim, reverse), dtype, "long forward")
     gy = randn_like_seeded(y, 17)
-    gx, gc, gh = scan_backward_op(gy, c, y, h0, dim, reverse)
-    d = dim % x.dim()
-    c_next = torch.roll(c, 1 if reverse else -1, dims=d)
-    rx = blocked_scan_ref(gy, c_next, None, d, not reverse)
-    assert_close_scaled(gx, rx, dtype, "long grad_x")
-    L = x.shape[d]
-    yd = y.double()
-    h0e = h0.double().unsqueeze(d)
-    y_prev = torch.cat([h0e, yd.narrow(d, 0, L - 1)], d) if not reverse else torch.cat([yd.narrow(d, 1, L - 1), h0e], d)
-    assert_close_scaled(gc, rx * y_prev, dtype, "long grad_coeffs")
-    first = L - 1 if reverse else 0
-    assert_close_scaled(gh, rx.select(d, first) * c.double().select(d, first), dtype, "long grad_initial")
+    got = scan_backward_op(gy, c, y, h0, dim, reverse)
+    ref = scan_backward_ref(gy, c, y, h0, dim, reverse, scan=chunked_scan)
+    for what, a, b in zip(("long grad_x", "long grad_coeffs", "long grad_initial"), got, ref):
+        assert_close_scaled(a, b, dtype, what)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_blocked_reference_matches_loop_reference(device):
-    """The blocked reference used for long sequences agrees with scan_ref (so the long tests are valid)."""
+def test_chunked_reference_matches_loop_reference(device):
+    """The library's chunked reference, used for long sequences here, agrees with scan_ref, forward and
+    backward, with several chunks and a partial last one (so the long tests are valid)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 2500, 2, generator=g, dtype=torch.float64).to(device)
     c = (torch.rand(3, 1, 2, generator=g, dtype=torch.float64) * 0.5 + 0.5).to(device)
     h0 = torch.randn(3, 2, generator=g, dtype=torch.float64).to(device)
+    gy = torch.randn(3, 2500, 2, generator=g, dtype=torch.float64).to(device)
     for reverse in (False, True):
-        a = blocked_scan_ref(x, c, h0, 1, reverse, block=64)
-        b = torch_linrec.scan_ref(x, c, h0, 1, reverse)
+        a = chunked_scan(x, c, h0, 1, reverse, chunk=64)
+        b = scan_ref(x, c, h0, 1, reverse)
+        assert a.dtype == torch.float64 and a.device.type == "cpu"
         assert_close_scaled(a, b, torch.float64, tol=1e-12)
+        got = scan_backward_ref(gy, c, b, h0, 1, reverse, scan=chunked_scan)
+        want = scan_backward_ref(gy, c, b, h0, 1, reverse)
+        for what, u, v in zip(("grad_x", "grad_coeffs", "grad_initial"), got, want):
+            assert u.shape == v.shape, what
+            assert_close_scaled(u, v, torch.float64, what, tol=1e-12)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -299,6 +327,9 @@ def test_api_native_and_auto_call_the_op(device, monkeypatch):
     sample = make_sample("permuted-rev", device)
     x, c, h0, dim, reverse = unpack(sample)
     expect = scan_op(x, c, h0, dim, reverse)
+    # "auto" without a tuned cache entry runs the native defaults (a shipped cache must not change that here).
+    monkeypatch.setattr(torch_linrec.dispatch, "_tuned", lambda index, key: None)
+    monkeypatch.delenv("TORCH_LINREC_BACKEND", raising=False)
     calls = []
     real_ref = torch_linrec.api.scan_ref
     monkeypatch.setattr(torch_linrec.api, "scan_ref", lambda *a, **k: calls.append(1) or real_ref(*a, **k))

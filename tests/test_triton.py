@@ -77,12 +77,15 @@ def nan_filled_empty():
 
 @pytest.fixture(params=["one_tile", "many_tiles"])
 def tiles(request, monkeypatch):
-    """Default launch heuristic, or tiny tiles so that every sequence spans several tiles."""
-    ops = torch_linrec.triton.ops
+    """Default launch heuristic, or tiny tiles so that every sequence spans several tiles: the default
+    config's ``(TILE, LONG_TILE)`` made 16 steps (16 is the smallest block the heuristic picks)."""
+    ops = torch_linrec.linrec.triton.ops
     if request.param == "many_tiles":
-        for name, value in {"TILE": 512, "MAX_BLOCK_L": 16, "NUM_SMS": 1, "MIN_PROGRAMS": 4}.items():
-            monkeypatch.setattr(ops, name, value)
-        assert ops._seq_meta(3, 37)["BLOCK_L"] == 16 and ops._chan_meta(2, 40, 19)["BLOCK_T"] == 16
+        monkeypatch.setitem(ops.CONFIGS, ops.DEFAULT_CONFIG, (16, 16))
+        tiny = ops._resolve_config("test", None)
+        for sms in (1, 132):
+            assert ops._seq_meta(3, 37, tiny, sms)["BLOCK_L"] == 16
+            assert ops._chan_meta(2, 40, 19, tiny, sms)["BLOCK_T"] == 16
     return request.param
 
 
@@ -168,9 +171,11 @@ def test_errors():
         torch.ops.linrec.scan_backward_triton(_make((2, 4)), c, x, None, -1, False)
 
 
-@pytest.mark.parametrize("case", ["seq", "chan", "broadcast"])
-def test_opcheck(case):
-    """torch.library.opcheck on both ops (schema, fake, autograd registration, AOT dispatch)."""
+@pytest.mark.parametrize("case,configs", [("seq", ()), ("chan", ("triton.t1024", "triton.t4096")),
+                                          ("broadcast", ("triton", "native"))])
+def test_opcheck(case, configs):
+    """torch.library.opcheck on both ops (schema, fake, autograd registration, AOT dispatch), with and
+    without config arguments (a native backward_config runs the native backward op under autograd)."""
     if case == "seq":
         x, c, h0, dim, rev = _make((3, 7)), _coeffs((3, 7)), _make((3,)), -1, False
     elif case == "chan":
@@ -178,7 +183,10 @@ def test_opcheck(case):
     else:
         x, c, h0, dim, rev = _make((2, 5, 3)), _coeffs((3,)), _make((3,)), 1, False
     args = [t.requires_grad_() if t is not None else None for t in (x, c, h0)]
-    torch.library.opcheck(torch.ops.linrec.scan_triton, (*args, dim, rev))
+    result = torch.library.opcheck(torch.ops.linrec.scan_triton, (*args, dim, rev, *configs))
+    assert all(v == "SUCCESS" for v in result.values()), result
     y = torch.ops.linrec.scan_triton(x, c, h0, dim, rev).detach()
-    torch.library.opcheck(torch.ops.linrec.scan_backward_triton,
-                          (_make(x.shape, seed=5), c.detach(), y, None if h0 is None else h0.detach(), dim, rev))
+    bwd_config = configs[:1] if configs else ()
+    result = torch.library.opcheck(torch.ops.linrec.scan_backward_triton, (
+        _make(x.shape, seed=5), c.detach(), y, None if h0 is None else h0.detach(), dim, rev, *bwd_config))
+    assert all(v == "SUCCESS" for v in result.values()), result

@@ -58,7 +58,9 @@ def scan(x: torch.Tensor, coeffs: torch.Tensor, initial: torch.Tensor | None = N
             of the wrong shape; an unknown or unavailable backend; an unknown config, or one that
             does not apply to the call (the message lists the valid names).
     """
-    d = check_scan_args("linrec.scan", x, coeffs, initial, dim)
+    if x.dim() == 0 or not -x.dim() <= dim < x.dim() or backend == "reference":
+        check_scan_args("linrec.scan", x, coeffs, initial, dim)  # raises for the first two
+    d = dim % x.dim()  # the op checks the rest (a Python check here would double small calls' host time)
     choice = choose(x, coeffs, d, backend, config, backward_config)
     if choice.backend == "native":
         return torch.ops.linrec.scan(x, coeffs, initial, dim, reverse, choice.config, choice.backward_config)

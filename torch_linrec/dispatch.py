@@ -121,9 +121,11 @@ def _backend_of(config: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _tuned(index: int, key: str) -> str | None:
+def _tuned(index: int, dtype: torch.dtype, layout: str, length: int, rows: int) -> tuple:
+    """The cache's ``(forward, backward)`` config names for a bucket (None where it has none)."""
     from .configs import load
-    return load(index).lookup(key)
+    table = load(index)
+    return tuple(table.lookup(bucket_key("scan", direction, dtype, layout, length, rows)) for direction in ("fwd", "bwd"))
 
 
 def _is_symbolic(*values) -> bool:
@@ -161,9 +163,8 @@ def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None 
         if not _is_symbolic(length, rows, x.numel()):
             layout = layout_class(x, coeffs, dim)
             index = device.index if device.index is not None else torch.cuda.current_device()
-            for i, direction in enumerate(("fwd", "bwd")):
+            for i, tuned in enumerate(_tuned(index, x.dtype, layout, length, rows)):
                 if configs[i] is None:
-                    tuned = _tuned(index, bucket_key("scan", direction, x.dtype, layout, length, rows))
                     usable = tuned is not None and (name == "auto" or _backend_of(tuned) == name) and \
                         (_backend_of(tuned) != TRITON or triton_runs_on(device))
                     if usable:
