@@ -177,3 +177,17 @@ def test_opcheck_scan_backward(name, device, dtype):
     gen = torch.Generator().manual_seed(1)
     grad_y = torch.randn(y.shape, generator=gen).to(device, dtype)
     _opcheck(torch.ops.linrec.scan_backward.default, (grad_y, c, y, h0, dim, reverse))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["BLD_dim1-rev", "c_D-fwd"])
+def test_opcheck_with_configs(name, device):
+    """The config arguments through schema, fake, autograd and AOT dispatch: the device's default by
+    name for the forward, and a backward_config that autograd hands to the backward op."""
+    x, c, h0, dim, reverse = unpack(make_sample(name, device, torch.float32, requires_grad=True))
+    _opcheck(torch.ops.linrec.scan.default, (x, c, h0, dim, reverse, "native", "native"))
+    _opcheck(torch.ops.linrec.scan.default, (x, c, h0, dim, reverse), {"config": "prefer:cpu.g16"})
+    y = scan_op(x, c, h0, dim, reverse).detach()
+    grad_y = torch.ones_like(y)
+    _opcheck(torch.ops.linrec.scan_backward.default,
+             (grad_y, c.detach(), y, None if h0 is None else h0.detach(), dim, reverse, "native"))

@@ -1,8 +1,12 @@
-"""CUDA-only checks of each launch plan of csrc/cuda/scan_plan.h against the CPU kernel, config by
-config through the TORCH_LINREC_CUDA_*_CONFIG overrides: the stream kernel (a block per sequence fed
-by bulk copies) at the edges of its tiles and halos, the register-held look-back for fewer sequences
-than SMs, the channel kernel with one or two channels per lane, the tile kernel. Skipped without a
-GPU and the CUDA kernels."""
+"""CUDA-only checks of every named config of csrc/linrec/cuda/configs.h against the CPU kernel, each
+requested explicitly through the ops' ``config`` argument (forward: ``torch.ops.linrec.scan(x, c,
+h0, dim, reverse, config)``, backward: ``torch.ops.linrec.scan_backward(gy, c, y, h0, dim, reverse,
+config)``): the stream kernel (a block per sequence fed by bulk copies) at the edges of its tiles and
+halos, the register-held look-back for fewer sequences than SMs, the channel kernel with one or two
+channels per lane, the tile kernel; and, over several layouts, every name against the planner's
+rules: a name that applies runs correctly, one that does not raises ValueError listing the names
+valid for the call ("valid here: ..."), and the two agree. Skipped without a GPU and the CUDA kernels.
+"""
 from __future__ import annotations
 
 import zlib
@@ -11,21 +15,195 @@ import pytest
 import torch
 
 from conftest import HAS_CUDA
-from samples import check_against_cpu_kernel
+from samples import assert_close_scaled, check_against_cpu_kernel, poison_allocator
+from torch_linrec._library import scan_cuda_configs
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and torch_linrec's CUDA kernels")]
 
-# Stream tiles are 4096 float32 / 8192 16-bit steps (configs 0, 1, 4) or half that (2, 3); the halo
-# is one 16-byte vector (4 or 8 steps). Lengths: whole tiles, a partial last tile, a last tile shorter
-# than the halo (the backward reads y after the tile from global memory), one step past a tile.
+DTYPES = [pytest.param(torch.float32, id="f32"), pytest.param(torch.float16, id="f16"),
+          pytest.param(torch.bfloat16, id="bf16")]
+REVERSE = [pytest.param(False, id="fwd"), pytest.param(True, id="rev")]
+
+
+def _names(kind: str, elem_size: int) -> list[str]:
+    """The config names of one template ("tile", "stream", "channel") in table order."""
+    return [n for n in scan_cuda_configs(elem_size) if n.startswith(kind + ".")]
+
+
+def _elem_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _by_index(kind: str) -> list:
+    """One param per table index of ``kind``; the test resolves the name for its dtype."""
+    return [pytest.param(i, id=f"{a}|{b}") for i, (a, b) in enumerate(zip(_names(kind, 4), _names(kind, 2)))]
+
+
+def _stream_capable() -> bool:
+    """Whether the stream kernel can run on device 0 (Hopper's bulk copies, the largest config's
+    ~212 KiB of shared memory): then every stream config applies to aligned rows."""
+    if not HAS_CUDA:
+        return False
+    props = torch.cuda.get_device_properties(0)
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    if optin is None:  # older torch: every Hopper GPU lets a block opt into 227 KiB
+        return props.major == 9
+    return props.major >= 9 and optin >= 227 * 1024
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if HAS_CUDA else 1
+
+
+def _valid_here(message: str) -> list[str]:
+    assert "valid here:" in message, message
+    return [n.strip() for n in message.split("valid here:", 1)[1].splitlines()[0].split(",") if n.strip()]
+
+
+def _run(call, name: str):
+    """``call()``, or None when it raises the ValueError of a config that does not apply (the message
+    lists the applicable names, which must not include ``name``)."""
+    try:
+        return call()
+    except ValueError as e:
+        msg = str(e)
+        assert f"config '{name}' does not apply" in msg, msg
+        valid = _valid_here(msg)
+        assert name not in valid, msg
+        return None
+
+
+def _grad_y(y: torch.Tensor, seed: int) -> torch.Tensor:
+    g = torch.Generator(device=y.device).manual_seed(seed)
+    return torch.randn(y.shape, generator=g, device=y.device, dtype=torch.float32).to(y.dtype)
+
+
+def _is_channel_layout(y: torch.Tensor, dim: int) -> bool:
+    """The planner's split (plan.h): the scanned dim of the output is not its innermost batch dim."""
+    dim = dim % y.dim()
+    others = [abs(y.stride(i)) for i in range(y.dim()) if i != dim and y.shape[i] != 1]
+    return bool(others) and abs(y.stride(dim)) > min(others)
+
+
+def check_configs(x, c, h0, dim, reverse, dtype, names) -> dict:
+    """Runs forward and backward with each of ``names`` and compares with the CPU kernel.
+
+    Returns ``{name: (forward applied, backward applied)}``. A name that does not apply must raise
+    the ValueError of :func:`_run`; the names that ran must be exactly those of ``names`` that the op
+    lists as valid for the call (asked with a name that applies to no layout of this kind).
+    """
+    scan, scan_backward = torch.ops.linrec.scan, torch.ops.linrec.scan_backward
+    h0_cpu = None if h0 is None else h0.cpu()
+    y_cpu = scan(x.cpu(), c.cpu(), h0_cpu, dim, reverse)
+    y = torch.empty_like(x).copy_(y_cpu)  # every backward reads this y, allocated as the op allocates it
+    gy = _grad_y(y, zlib.crc32(repr((tuple(x.shape), dim, reverse)).encode()))
+    grads_cpu = scan_backward(gy.cpu(), c.cpu(), y.cpu(), h0_cpu, dim, reverse)
+    applied = {}
+    for name in names:
+        poison_allocator(x, copies=6)
+        out = _run(lambda: scan(x, c, h0, dim, reverse, name), name)
+        if out is not None:
+            assert bool(torch.isfinite(out).all()), f"{name}: forward left elements unwritten (NaN)"
+            assert_close_scaled(out, y_cpu, dtype, f"{name}: forward vs CPU kernel")
+        poison_allocator(x, copies=6)
+        grads = _run(lambda: scan_backward(gy, c, y, h0, dim, reverse, name), name)
+        if grads is not None:
+            for what, g, gc in zip(("grad_x", "grad_coeffs", "grad_initial"), grads, grads_cpu):
+                assert bool(torch.isfinite(g).all()), f"{name}: {what} left elements unwritten (NaN)"
+                assert_close_scaled(g, gc, dtype, f"{name}: {what} vs CPU kernel")
+        applied[name] = (out is not None, grads is not None)
+    # What ran agrees with the op's own list of the names that apply.
+    probe = _names("tile", _elem_size(dtype))[0] if _is_channel_layout(y, dim) else "channel.s16r8b2"
+    for i, call in enumerate((lambda: scan(x, c, h0, dim, reverse, probe),
+                              lambda: scan_backward(gy, c, y, h0, dim, reverse, probe))):
+        with pytest.raises(ValueError, match="valid here:") as info:
+            call()
+        listed = set(_valid_here(str(info.value)))
+        ran = {n for n, ok in applied.items() if ok[i]}
+        assert ran == listed & set(names), f"{('forward', 'backward')[i]}: ran {sorted(ran)}, the op lists {sorted(listed)}"
+    return applied
+
+
+# ----------------------------------------------------------------------------------------------- every config
+
+# (name, x shape, dim, layout, stream): layout "contig", "pad" (rows of an 8-aligned wider buffer),
+# "stride2" (every other element along the scan), "sliced" (channels shifted by one: pairs
+# misaligned), "transposed" (a transposed buffer: the scan innermost, rows 37 apart). stream:
+# whether the stream configs apply on Hopper, (forward, backward) as a function of reverse: the rows
+# of x, coeffs and (backward) y must be 16-byte aligned, and a walk backwards in memory needs the
+# length to be a multiple of the vector; y is allocated contiguous (rows of length L).
+_LAYOUTS = [
+    ("rows-odd", (5, 1037), -1, "contig", lambda rev: (False, False)),
+    ("rows-aligned", (3, 4104), -1, "contig", lambda rev: (True, True)),
+    ("rows-padded", (4, 1001), -1, "pad", lambda rev: (not rev, False)),
+    ("rows-stride2", (3, 777), -1, "stride2", lambda rev: (False, False)),
+    ("LN-transposed", (37, 129), 0, "transposed", lambda rev: (False, False)),
+    ("BLD-even", (2, 333, 66), 1, "contig", lambda rev: (False, False)),
+    ("BLD-sliced", (2, 333, 65), 1, "sliced", lambda rev: (False, False)),
+    ("BHLD", (2, 3, 129, 5), 2, "contig", lambda rev: (False, False)),
+]
+
+
+def _layout_inputs(shape, dim, layout, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def new(shape, lo=None):
+        t = torch.empty(shape, device="cuda")
+        t.normal_(generator=g) if lo is None else t.uniform_(lo, 1.0, generator=g)
+        return t.to(dtype)
+
+    if layout == "pad":
+        width = (shape[-1] + 7) // 8 * 8 + 8
+        x, c = (new((*shape[:-1], width), lo)[..., :shape[-1]] for lo in (None, 0.9))
+    elif layout == "stride2":
+        x, c = (new((*shape[:-1], 2 * shape[-1]), lo)[..., ::2] for lo in (None, 0.9))
+    elif layout == "sliced":
+        x, c = (new((*shape[:-1], shape[-1] + 1), lo)[..., 1:] for lo in (None, 0.9))
+    elif layout == "transposed":
+        x, c = (new(shape[::-1], lo).t() for lo in (None, 0.9))
+    else:
+        x, c = new(shape), new(shape, 0.9)
+    assert tuple(x.shape) == shape
+    h0 = new([s for i, s in enumerate(shape) if i != dim % len(shape)])
+    return x, c, h0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
+@pytest.mark.parametrize("case", _LAYOUTS, ids=lambda c: c[0])
+def test_every_config_on_layouts(case, reverse, dtype):
+    """Every compiled name for the element size, forward and backward, with initial: correct where it
+    applies, ValueError 'valid here: ...' where not. Tile configs apply to every layout with the
+    scanned dim innermost, the one-channel-per-lane channel configs to every other, the pair config
+    to even, unit-stride, aligned channels; the stream configs (on Hopper) to aligned rows."""
+    name, shape, dim, layout, stream = case
+    x, c, h0 = _layout_inputs(shape, dim, layout, dtype, seed=zlib.crc32(repr((name, reverse)).encode()))
+    applied = check_configs(x, c, h0, dim, reverse, dtype, scan_cuda_configs(_elem_size(dtype)))
+    channel_layout = _is_channel_layout(torch.empty_like(x), dim)
+    assert channel_layout == name.startswith(("BLD", "BHLD"))
+    for n, got in applied.items():
+        if n.startswith("tile."):
+            expect = (not channel_layout,) * 2
+        elif n.startswith("stream."):
+            expect = stream(reverse) if _stream_capable() else (False, False)
+        elif n == "channel.s8r16b1p2":
+            expect = (name == "BLD-even",) * 2
+        else:
+            expect = (channel_layout,) * 2
+        assert got == expect, f"{n}: applied (forward, backward) {got}, expected {expect}"
+
+
+# ----------------------------------------------------------------------------------------------- stream kernel
+
+# Stream tiles are 4096 float32 / 8192 16-bit steps (e16t256, e8t512 / e32t256, e16t512) or half
+# that (e8t256 / e16t256); the halo is one 16-byte vector (4 or 8 steps). Lengths: whole tiles, a
+# partial last tile, a last tile shorter than the halo (the backward reads y after the tile from
+# global memory), one step past a tile.
 _T = 8192
 _LENGTHS = [2 * _T, 2 * _T + 8, _T + 2, _T + 4100]
-
-
-def _stream_rows():
-    """As many rows as SMs: the planner's threshold for the stream kernel."""
-    return torch.cuda.get_device_properties(0).multi_processor_count if HAS_CUDA else 1
+# "off": an explicit tile config instead, which takes the look-back for these few rows.
+_OFF = {4: "tile.e16t256", 2: "tile.e32t128"}
 
 
 def _rows(n, length, dtype, seed, width=None):
@@ -38,87 +216,106 @@ def _rows(n, length, dtype, seed, width=None):
     return x, c, h0
 
 
-@pytest.mark.parametrize("config", ["0", "1", "2", "3", "4", "off"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
-@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("config", _by_index("stream") + [pytest.param(-1, id="off")])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
 @pytest.mark.parametrize("length", _LENGTHS)
-def test_stream_kernel_configs(length, reverse, dtype, config, monkeypatch):
-    """As many aligned rows as SMs take the stream kernel (with "off": the register-held look-back).
-    A scan walking backwards in memory (reverse forward, or the backward of a forward scan) streams
-    only when the row length is a multiple of the 16-byte vector; else it takes the look-back."""
-    monkeypatch.setenv("TORCH_LINREC_CUDA_STREAM_CONFIG", config)
+def test_stream_kernel_configs(length, reverse, dtype, config):
+    """As many aligned rows as SMs, each stream config by name ("off": a tile config, the register-held
+    look-back). The forward reads x and coeffs from 16-byte aligned rows, so a forward walking forward
+    in memory streams at any length; a walk backwards in memory (reverse forward, or the backward of a
+    forward scan) needs the length to be a multiple of the 16-byte vector, and the backward reads y,
+    allocated contiguous by the op, so it streams only then. Elsewhere the name raises ValueError."""
+    size = _elem_size(dtype)
+    name = _OFF[size] if config < 0 else _names("stream", size)[config]
     seed = zlib.crc32(repr((length, reverse, str(dtype))).encode())
-    x, c, h0 = _rows(_stream_rows(), length, dtype, seed=seed)
-    check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
+    x, c, h0 = _rows(_sms(), length, dtype, seed=seed)
+    (fwd, bwd), = check_configs(x, c, h0, -1, reverse, dtype, [name]).values()
+    if config < 0:
+        assert fwd and bwd, "a tile config applies to every row layout"
+    elif _stream_capable():
+        vec = 16 // size
+        assert fwd == (not reverse or length % vec == 0), (name, fwd)
+        assert bwd == (length % vec == 0), (name, bwd)
+    else:
+        assert not fwd and not bwd, "the stream kernel needs compute capability 9.0"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
-@pytest.mark.parametrize("length", _LENGTHS)
-def test_stream_kernel_direct_stores(length, reverse, dtype, monkeypatch):
-    """The stream kernel's outputs stored from registers instead of bulk stores from shared memory."""
-    monkeypatch.setenv("TORCH_LINREC_CUDA_STREAM_STORE", "direct")
-    x, c, h0 = _rows(_stream_rows(), length, dtype, seed=length)
-    check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
-
-
-@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("reverse", REVERSE)
 def test_stream_kernel_broadcast_and_batch_dims(reverse):
     """Coefficients shared by all rows (batch stride 0), two batch dims, initial state absent or broadcast."""
-    L, n = 2 * _T + 16, _stream_rows()
+    if not _stream_capable():
+        pytest.skip("the stream kernel needs compute capability 9.0")
+    L, n = 2 * _T + 16, _sms()
     g = torch.Generator(device="cuda").manual_seed(11)
     x = torch.randn(2, n, L, generator=g, device="cuda")
     c = torch.empty(L, device="cuda").uniform_(0.9, 1.0, generator=g)
-    check_against_cpu_kernel(x, c, None, -1, reverse, torch.float32)
     h0 = torch.randn(n, generator=g, device="cuda")
-    check_against_cpu_kernel(x, c, h0, -1, reverse, torch.float32)
+    for name in _names("stream", 4):
+        check_against_cpu_kernel(x, c, None, -1, reverse, torch.float32, name, name)
+        check_against_cpu_kernel(x, c, h0, -1, reverse, torch.float32, name, name)
 
 
+@pytest.mark.parametrize("config", [None, "tile.e8t128", "tile.e16t256"])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_look_back_few_rows(rows):
-    """Fewer rows than SMs: tiles on different blocks, chained by look-back over many tiles."""
+def test_look_back_few_rows(rows, config):
+    """Fewer rows than SMs: tiles on different blocks, chained by look-back over many tiles (the
+    default, and small and large tiles by name)."""
     x, c, h0 = _rows(rows, 2 ** 21 + 12, torch.float32, seed=5)
-    check_against_cpu_kernel(x, c, h0, -1, False, torch.float32)
-    check_against_cpu_kernel(x, c, h0, -1, True, torch.float32)
+    check_against_cpu_kernel(x, c, h0, -1, False, torch.float32, config, config)
+    check_against_cpu_kernel(x, c, h0, -1, True, torch.float32, config, config)
 
 
-# Channel kernel: (B, L, D) with dim=1. Pairs of channels per lane need even D, unit channel stride
-# and pair-aligned rows; "sliced" shifts the rows by one element (pairs misaligned: one per lane).
+# ----------------------------------------------------------------------------------------------- channel kernel
+
+# (B, L, D) with dim=1. Pairs of channels per lane need even D, unit channel stride and pair-aligned
+# rows; "sliced" shifts the rows by one element (pairs misaligned: the pair config does not apply).
 _BLD = [((2, 1000, 64), "plain"), ((3, 4100, 130), "plain"), ((2, 333, 2), "plain"), ((2, 1000, 65), "sliced")]
 
 
-@pytest.mark.parametrize("config", ["0", "1", "2", "3", "4"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
-@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("config", _by_index("channel"))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
 @pytest.mark.parametrize("case", _BLD, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}")
-def test_channel_kernel_configs(case, reverse, dtype, config, monkeypatch):
-    monkeypatch.setenv("TORCH_LINREC_CUDA_CHANNEL_CONFIG", config)
+def test_channel_kernel_configs(case, reverse, dtype, config):
     (B, L, D), layout = case
+    name = _names("channel", _elem_size(dtype))[config]
     g = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr((case, reverse, str(dtype))).encode()))
     x = torch.randn(B, L, D, generator=g, device="cuda").to(dtype)
     c = torch.empty(B, L, D, device="cuda").uniform_(0.9, 1.0, generator=g).to(dtype)
     h0 = torch.randn(B, D, generator=g, device="cuda").to(dtype)
     if layout == "sliced":
         x, c, h0 = x[..., 1:], c[..., 1:], h0[..., 1:]
-    check_against_cpu_kernel(x, c, h0, 1, reverse, dtype)
+    (fwd, bwd), = check_configs(x, c, h0, 1, reverse, dtype, [name]).values()
+    expect = not name.endswith("p2") or layout == "plain"  # pairs need even, aligned channels
+    assert (fwd, bwd) == (expect, expect), (name, layout, fwd, bwd)
 
 
 @pytest.mark.parametrize("coeffs_shape", [(64,), (2, 1, 64), (1, 1000, 1)], ids=["D", "B1D", "1L1"])
-@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("reverse", REVERSE)
 def test_channel_kernel_broadcast_coeffs(coeffs_shape, reverse):
-    """Broadcast coefficients: read in place, their gradient added into a buffer of their shape."""
+    """Broadcast coefficients: read in place, their gradient added into a buffer of their shape; every
+    channel config (the pair config only where coeffs have unit channel stride)."""
     g = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(2, 1000, 64, generator=g, device="cuda")
     c = torch.empty(coeffs_shape, device="cuda").uniform_(0.9, 1.0, generator=g)
     check_against_cpu_kernel(x, c, None, 1, reverse, torch.float32)
+    applied = check_configs(x, c, None, 1, reverse, torch.float32, _names("channel", 4))
+    for name, (fwd, bwd) in applied.items():
+        # Pairs need unit channel stride in coeffs too (the backward's grad_coeffs buffer is exempt).
+        expect = coeffs_shape[-1] == 64 if name == "channel.s8r16b1p2" else True
+        assert (fwd, bwd) == (expect, expect), (name, fwd, bwd)
 
 
-@pytest.mark.parametrize("config", ["0", "1", "2", "3", "4"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+# ----------------------------------------------------------------------------------------------- tile kernel
+
+
+@pytest.mark.parametrize("config", _by_index("tile"))
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="f32"), pytest.param(torch.bfloat16, id="bf16")])
+@pytest.mark.parametrize("reverse", REVERSE)
 @pytest.mark.parametrize("shape", [(3000, 1024), (5000, 37), (2500, 3000)], ids=lambda s: "x".join(map(str, s)))
-def test_tile_kernel_configs(shape, reverse, dtype, config, monkeypatch):
+def test_tile_kernel_configs(shape, reverse, dtype, config):
     """Every tile config in place of the length-chosen one (a block walking several tiles)."""
-    monkeypatch.setenv("TORCH_LINREC_CUDA_TILE_CONFIG", config)
+    name = _names("tile", _elem_size(dtype))[config]
     x, c, h0 = _rows(shape[0], shape[1], dtype, seed=zlib.crc32(repr((shape, reverse, str(dtype))).encode()))
-    check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
+    check_against_cpu_kernel(x, c, h0, -1, reverse, dtype, name, name)

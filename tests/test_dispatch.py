@@ -45,8 +45,10 @@ def _inputs(shape=(2, 37, 5), dim=1, device="cpu", dtype=torch.float32, seed=0):
 
 @pytest.fixture(autouse=True)
 def _no_backend_env(monkeypatch):
-    """No $TORCH_LINREC_BACKEND from the caller's shell: the default is "auto"."""
+    """No $TORCH_LINREC_BACKEND from the caller's shell: the default is "auto"; and no tuned cache
+    entries (on CUDA a shipped cache would pick per-bucket configs where these tests leave one None)."""
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    monkeypatch.setattr(dispatch, "_tuned", lambda *args, **kwargs: (None, None))
 
 
 # ----------------------------------------------------------------------------------------------- use_backend
