@@ -14,9 +14,11 @@ e.g. ``(B, L, D)`` with ``dim=1``), with ``-bcast`` when coeffs broadcast; lengt
 (sequences) rounded up to even powers of two (``L<=2^12``, ``R<=2^16``).
 
 Under ``torch.compile`` the choice is made at trace time, so the graph holds the chosen op and
-config. Where the length or row count is symbolic (dynamic shapes) the cache's per-size choice is
-not applied and the native defaults run: choosing by size bucket would guard on the bucket and
-recompile per bucket, where one graph should serve every length.
+config (no graph break, one frame across lengths). There the cache's per-size choice is not applied
+and each backend's defaults run: Dynamo does not tell a traced function whether a size is static or
+symbolic, and choosing by size bucket would guard on the bucket (a recompile per bucket) or, for
+static sizes, on the exact size. An explicit ``config=`` / ``backward_config=`` applies under
+``torch.compile`` too.
 """
 from __future__ import annotations
 
@@ -50,7 +52,16 @@ def _validate(name: str) -> str:
 
 
 def get_backend() -> str:
-    """The backend in force: innermost :func:`use_backend`, else ``$TORCH_LINREC_BACKEND``, else ``"auto"``."""
+    """The backend in force: innermost :func:`use_backend`, else ``$TORCH_LINREC_BACKEND``, else ``"auto"``.
+
+    Under ``torch.compile`` it is read once, at trace time: a compiled function keeps the backend in
+    force when it was compiled (pass ``backend=`` to choose per call).
+    """
+    return _get_backend()
+
+
+@torch.compiler.assume_constant_result
+def _get_backend() -> str:
     name = _backend.get()
     return name if name is not None else _validate(os.environ.get(ENV_VAR, "auto"))
 
@@ -128,10 +139,6 @@ def _tuned(index: int, dtype: torch.dtype, layout: str, length: int, rows: int) 
     return tuple(table.lookup(bucket_key("scan", direction, dtype, layout, length, rows)) for direction in ("fwd", "bwd"))
 
 
-def _is_symbolic(*values) -> bool:
-    return any(isinstance(v, torch.SymInt) for v in values)
-
-
 def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None = None, config: str | None = None,
            backward_config: str | None = None) -> Choice:
     """The backend and configs for a scan call (see the module docs).
@@ -160,7 +167,7 @@ def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None 
     configs = [config, backward_config]
     if tuned_ok and None in configs:
         length, rows = x.shape[dim], x.numel() // max(1, x.shape[dim]) if x.shape[dim] else 0
-        if not _is_symbolic(length, rows, x.numel()):
+        if not torch.compiler.is_compiling():
             layout = layout_class(x, coeffs, dim)
             index = device.index if device.index is not None else torch.cuda.current_device()
             for i, tuned in enumerate(_tuned(index, x.dtype, layout, length, rows)):
