@@ -1,0 +1,158 @@
+"""The tuned config cache (torch_linrec/configs): round trip, bad files (corrupt, another GPU,
+another version, unknown config names) falling back with one warning, two writers at once, and the
+shipped files' validity. CPU tests use a stand-in device identity; the CUDA test checks that
+``backend="auto"`` follows the shipped file on the GPU it was tuned for."""
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+
+import pytest
+import torch
+
+import torch_linrec
+from torch_linrec.configs import cache
+from torch_linrec.dispatch import bucket_key, choose, clear_memo
+
+IDENTITY = {"name": "Test GPU 80GB", "capability": "9.0", "sms": 132}
+KEY = "scan/fwd/float32/strided/L<=2^12/R<=2^16"
+
+
+@pytest.fixture()
+def dirs(tmp_path, monkeypatch):
+    """A user cache dir and a shipped dir of our own, for a device with IDENTITY."""
+    user, shipped = tmp_path / "user", tmp_path / "shipped"
+    user.mkdir()
+    shipped.mkdir()
+    monkeypatch.setenv(cache.ENV_DIR, str(user))
+    monkeypatch.setattr(cache, "shipped_dir", lambda: shipped)
+    monkeypatch.setattr(cache, "device_identity", lambda device: dict(IDENTITY))
+    cache.clear_memo()
+    yield user, shipped
+    cache.clear_memo()
+
+
+def _write(folder, entries, **meta):
+    path = folder / cache.cache_file_name(IDENTITY)
+    cache.write({k: {"config": v} for k, v in entries.items()}, IDENTITY, {"test": True}, path=path, merge=False)
+    if meta:
+        data = json.loads(path.read_text())
+        data["_metadata"].update(meta)
+        path.write_text(json.dumps(data))
+    return path
+
+
+def test_file_name():
+    assert cache.cache_file_name({"name": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3.json"
+
+
+def test_round_trip_and_user_file_first(dirs):
+    user, shipped = dirs
+    _write(shipped, {KEY: "triton.t1024"})
+    _write(user, {KEY: "channel.s16r8b2"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = cache.load(0)
+    assert table.lookup(KEY) == "channel.s16r8b2"
+    assert table.source == user / cache.cache_file_name(IDENTITY)
+    assert table.lookup("scan/bwd/float32/strided/L<=2^12/R<=2^16") is None
+    meta = json.loads(table.source.read_text())["_metadata"]
+    for field in ("format", "library", "torch", "triton", "cuda", "date", "device", "tuner"):
+        assert field in meta, field
+
+
+@pytest.mark.parametrize("problem", ["corrupt", "other-gpu", "other-version", "other-format", "unknown-config"])
+def test_bad_user_file_warns_once_and_falls_back_to_shipped(dirs, problem):
+    user, shipped = dirs
+    _write(shipped, {KEY: "triton.t1024"})
+    if problem == "corrupt":
+        (user / cache.cache_file_name(IDENTITY)).write_text('{"_metadata": {"format": 1,')
+    elif problem == "other-gpu":
+        _write(user, {KEY: "channel.s16r8b2"}, device={**IDENTITY, "sms": 114})
+    elif problem == "other-version":
+        _write(user, {KEY: "channel.s16r8b2"}, library="9.9.0")
+    elif problem == "other-format":
+        _write(user, {KEY: "channel.s16r8b2"}, format=99)
+    else:
+        _write(user, {KEY: "channel.s99r1b1"})
+    with pytest.warns(UserWarning, match="ignoring tuned config file") as record:
+        table = cache.load(0)
+    assert len(record) == 1
+    assert table.lookup(KEY) == "triton.t1024"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # memoized: no second warning
+        assert cache.load(0).lookup(KEY) == "triton.t1024"
+
+
+def test_no_valid_file_means_defaults(dirs):
+    user, shipped = dirs
+    (shipped / cache.cache_file_name(IDENTITY)).write_text("not json")
+    with pytest.warns(UserWarning):
+        table = cache.load(0)
+    assert table.entries == {} and table.source is None and len(table.skipped) == 1
+
+
+def test_two_writers_at_once_keep_every_entry(dirs):
+    """Writers merge under a file lock: entries of both survive, and the file stays valid JSON."""
+    user, _ = dirs
+    path = user / cache.cache_file_name(IDENTITY)
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def writer(tag):
+        try:
+            barrier.wait()
+            for i in range(15):
+                cache.write({f"scan/fwd/float32/innermost/L<=2^{8 + 2 * (i % 5)}/R<=2^{tag}{i}": {"config": "native"}},
+                            IDENTITY, {"writer": tag}, path=path)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    data = json.loads(path.read_text())
+    assert cache.validate(data, IDENTITY) is None
+    assert len(data["entries"]) == 30
+    assert not list(user.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("name", ["nvidia-h100-80gb-hbm3.json", "nvidia-h200.json"])
+def test_shipped_files_are_valid(name):
+    """Every shipped file names only configs this build knows, for the GPU in its metadata."""
+    path = cache.shipped_dir() / name
+    data = json.loads(path.read_text())
+    assert cache.validate(data, data["_metadata"]["device"]) is None
+    assert data["_metadata"]["tuner"]["quick"] is False
+    for key in data["entries"]:
+        op, direction, dtype, layout, length, rows = key.split("/")
+        assert (op, direction in ("fwd", "bwd"), dtype in ("float32", "bfloat16", "float16")) == ("scan", True, True)
+        assert layout in ("innermost", "strided", "innermost-bcast", "strided-bcast"), key
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_auto_follows_the_shipped_file_on_its_gpu(monkeypatch, tmp_path):
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path))  # no user file
+    clear_memo()
+    identity = cache.device_identity(0)
+    path = cache.shipped_dir() / cache.cache_file_name(identity)
+    if not path.is_file():
+        pytest.skip(f"no shipped file for {identity['name']}")
+    entries = json.loads(path.read_text())["entries"]
+    x = torch.randn(8, 4096, 4096, device="cuda")
+    c = torch.rand(8, 4096, 4096, device="cuda")
+    choice = choose(x, c, 1, "auto")
+    for cfg, direction in ((choice.config, "fwd"), (choice.backward_config, "bwd")):
+        want = entries[bucket_key("scan", direction, torch.float32, "strided", 4096, 8 * 4096)]["config"]
+        if cfg is not None:
+            assert cfg == "prefer:" + want
+        else:
+            assert want == choice.backend or (direction == "fwd" and want == "native")
+    y = torch_linrec.scan(x, c, dim=1)
+    torch.testing.assert_close(y, torch.ops.linrec.scan(x, c, None, 1, False))
+    clear_memo()
