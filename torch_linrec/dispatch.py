@@ -166,8 +166,9 @@ def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None 
     tuned_ok = device.type == "cuda" and name in ("auto", NATIVE, TRITON)
     configs = [config, backward_config]
     if tuned_ok and None in configs:
-        length, rows = x.shape[dim], x.numel() // max(1, x.shape[dim]) if x.shape[dim] else 0
         if not torch.compiler.is_compiling():
+            length = x.shape[dim]
+            rows = x.numel() // length if length else 0
             layout = layout_class(x, coeffs, dim)
             index = device.index if device.index is not None else torch.cuda.current_device()
             for i, tuned in enumerate(_tuned(index, x.dtype, layout, length, rows)):
