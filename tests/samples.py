@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from torch_linrec import chunked_scan, scan_backward_ref, scan_ref
+from torch_linrec import chunked_scan, scan_ref
 
 __all__ = ["Sample", "SAMPLE_NAMES", "SMALL_SAMPLE_NAMES", "make_sample", "sample_inputs", "unpack",
            "ref_scan", "scaled_err", "assert_close_scaled", "TOL", "batch_shape", "poison_allocator",
