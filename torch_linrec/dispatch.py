@@ -26,7 +26,6 @@ import contextlib
 import contextvars
 import functools
 import importlib.util
-import math
 import os
 from typing import NamedTuple
 
@@ -101,7 +100,7 @@ def available_backends(device: torch.device | str = "cpu") -> list[str]:
 
 def _pow4_bucket(n: int, floor: int) -> int:
     """The even exponent k >= floor with 2^(k-2) < n <= 2^k."""
-    k = max(floor, math.ceil(math.log2(max(int(n), 1))))
+    k = max(floor, (max(int(n), 1) - 1).bit_length())
     return k + (k % 2)
 
 

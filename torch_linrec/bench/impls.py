@@ -28,7 +28,8 @@ class Impl:
         name: the label in tables, CSV files and plots; unique.
         fn: ``fn(x, coeffs, initial=None, dim=-1, reverse=False) -> y``, differentiable in
             ``x``, ``coeffs`` and ``initial``.
-        slow: a python loop (or an interpreter): timed only on tiny cases, else reported n/a.
+        slow: a python loop: timed only on tiny cases, else reported n/a.
+        timed: False for an interpreter (Triton under ``TRITON_INTERPRET=1``): checked, never timed.
         describe: ``describe(x, coeffs, dim) -> str``: the backend and configs the call runs with
             (the table's ``config`` column), or None.
     """
@@ -36,6 +37,7 @@ class Impl:
     name: str
     fn: ScanFn
     slow: bool = False
+    timed: bool = True
     describe: Callable[..., str] | None = None
 
 
@@ -79,7 +81,7 @@ def describe_auto(x: torch.Tensor, coeffs: torch.Tensor, dim: int) -> str:
 def _backend_impls(device: torch.device) -> list[Impl]:
     table = {
         "native": Impl("native", _native, describe=lambda x, c, d: "native (defaults)"),
-        "triton": Impl("triton", _triton, slow=device.type != "cuda", describe=lambda x, c, d: "triton (defaults)"),
+        "triton": Impl("triton", _triton, timed=device.type == "cuda", describe=lambda x, c, d: "triton (defaults)"),
         "reference": Impl("reference", _reference, slow=True),
     }
     impls = [table[name] for name in available_backends(device) if name in table]

@@ -165,7 +165,9 @@ def _bench_case(case: Case, size: str, impls: list[Impl], timer: Timer, device: 
         return rows
     for impl, row in zip(impls, rows):
         row.ms_add = ms_add
-        if impl.slow and not is_tiny(shape, case.dim):
+        if not impl.timed:
+            row.status, row.error = "skipped", "n/a: interpreted here (checked, not timed)"
+        elif impl.slow and not is_tiny(shape, case.dim):
             row.status, row.error = "skipped", "n/a: too slow at this size (timed on tiny cases only)"
         else:
             try:

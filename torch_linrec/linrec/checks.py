@@ -13,7 +13,15 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _fail(cond, msg) -> None:
-    """Raises ValueError(msg()) unless ``cond``; ``msg`` is a callable so passing checks format nothing."""
+    """Raises ValueError(msg()) unless ``cond``; ``msg`` is a callable so passing checks format nothing.
+
+    Plain bools are checked in Python (``torch._check_with`` cannot be traced by Dynamo with a
+    message closure); symbolic conditions go through ``torch._check_with``.
+    """
+    if isinstance(cond, bool):
+        if not cond:
+            raise ValueError(msg())
+        return
     torch._check_with(ValueError, cond, msg)
 
 
