@@ -136,7 +136,10 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
   const int64_t tiles = ceil_div(L, tile_config(elem_size, config >= 0 ? config : by_length).tile());
   plan.kind = ScanKind::kTile;
   plan.grid = p.num_seq;
-  if (tiles == 1 || p.num_seq >= 2 * resident_blocks) {
+  // The look-back is run by a whole warp (full-warp shuffles): a config of fewer threads (the
+  // 2-byte 256-step tile) walks its sequences one block each instead.
+  const bool whole_warp = tile_config(elem_size, config >= 0 ? config : lookback_default).threads >= 32;
+  if (tiles == 1 || p.num_seq >= 2 * resident_blocks || !whole_warp) {
     // Enough sequences for two waves of blocks: a block walks all tiles of a sequence, the other
     // resident blocks hide its latency.
     plan.config = config >= 0 ? config : by_length;
