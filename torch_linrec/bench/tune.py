@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..configs import cache_file_name, device_identity, write
+from ..configs import device_identity, write
 from ..dispatch import bucket_key, clear_memo, layout_class
 from ..linrec.configs import config_names
 from ..linrec.ops import is_triton_config
-from .cases import format_shape, make_inputs
+from .cases import make_inputs
 from .timing import make_timer
 
 __all__ = ["TuneProblem", "PROBLEMS", "QUICK", "main", "tune"]

@@ -18,7 +18,6 @@ atomic (``os.replace``) and serialized by a file lock.
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import os
 import re
