@@ -2,7 +2,12 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <string>
+#include <unordered_map>
+#include <vector>
+
 #include "linrec/cuda/configs.h"
+#include "linrec/tuned.h"
 
 namespace {
 
@@ -32,8 +37,80 @@ PyObject* scan_cuda_configs(PyObject*, PyObject* arg) {
   return out;
 }
 
+// Reads a sequence of ints (limited API only, as the module is built for it).
+bool int_list(PyObject* seq, std::vector<int64_t>* out) {
+  const Py_ssize_t n = PySequence_Size(seq);
+  if (n < 0) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PySequence_GetItem(seq, i);
+    if (!item) return false;
+    const long long v = PyLong_AsLongLong(item);
+    Py_DECREF(item);
+    if (v == -1 && PyErr_Occurred()) return false;
+    out->push_back(v);
+  }
+  return true;
+}
+
+bool utf8(PyObject* str, std::string* out) {
+  PyObject* bytes = PyUnicode_AsUTF8String(str);
+  if (!bytes) return false;
+  out->assign(PyBytes_AsString(bytes));
+  Py_DECREF(bytes);
+  return true;
+}
+
+// _C.scan_bucket_key(op, direction, dtype, layout, length, rows) -> str (tuned.h).
+PyObject* scan_bucket_key(PyObject*, PyObject* args) {
+  const char *op, *direction, *dtype, *layout;
+  long long length, rows;
+  if (!PyArg_ParseTuple(args, "ssssLL", &op, &direction, &dtype, &layout, &length, &rows)) return nullptr;
+  return PyUnicode_FromString(linrec::bucket_key(op, direction, dtype, layout, length, rows).c_str());
+}
+
+// _C.scan_layout_class(sizes, strides, dim, bcast_coeffs) -> str (tuned.h).
+PyObject* scan_layout_class(PyObject*, PyObject* args) {
+  PyObject *sizes_obj, *strides_obj;
+  long long dim;
+  int bcast;
+  if (!PyArg_ParseTuple(args, "OOLp", &sizes_obj, &strides_obj, &dim, &bcast)) return nullptr;
+  std::vector<int64_t> sizes, strides;
+  if (!int_list(sizes_obj, &sizes) || !int_list(strides_obj, &strides)) return nullptr;
+  if (sizes.size() != strides.size() || dim < 0 || dim >= static_cast<long long>(sizes.size())) {
+    PyErr_SetString(PyExc_ValueError, "scan_layout_class: sizes and strides must have one entry per dim, dim in range");
+    return nullptr;
+  }
+  return PyUnicode_FromString(linrec::scan_layout_class(sizes, strides, dim, bcast != 0).c_str());
+}
+
+// _C.set_scan_tuned(device, {bucket key: config name}): the table config "auto" reads on that device.
+PyObject* set_scan_tuned(PyObject*, PyObject* args) {
+  int device;
+  PyObject* dict;
+  if (!PyArg_ParseTuple(args, "iO!", &device, &PyDict_Type, &dict)) return nullptr;
+  std::unordered_map<std::string, std::string> entries;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(dict, &pos, &key, &value)) {
+    std::string k, v;
+    if (!utf8(key, &k) || !utf8(value, &v)) return nullptr;
+    entries.emplace(std::move(k), std::move(v));
+  }
+  linrec::set_tuned_configs(device, std::move(entries));
+  Py_RETURN_NONE;
+}
+
+PyObject* clear_scan_tuned(PyObject*, PyObject*) {
+  linrec::clear_tuned_configs();
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"scan_cuda_configs", scan_cuda_configs, METH_O, "Names of the compiled CUDA scan configs for an element size."},
+    {"scan_bucket_key", scan_bucket_key, METH_VARARGS, "The tuned cache's key of a scan problem."},
+    {"scan_layout_class", scan_layout_class, METH_VARARGS, "The layout class of a scan problem."},
+    {"set_scan_tuned", set_scan_tuned, METH_VARARGS, "Sets the tuned configs that config 'auto' reads on a device."},
+    {"clear_scan_tuned", clear_scan_tuned, METH_NOARGS, "Forgets every device's tuned configs."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
@@ -50,8 +127,9 @@ TORCH_LIBRARY(linrec, m) {
   // y[l] = coeffs[l] * y[l-1] + x[l] along `dim`, with y[-1] = initial (zero when None);
   // reverse=True runs from the end towards the start. coeffs broadcasts against x, initial
   // against x's shape without `dim`. `config` names the kernel config (None: the device's
-  // default); `backward_config` is the config autograd passes to the backward op (a "triton."
-  // name runs linrec::scan_backward_triton).
+  // default; "auto": the tuned cache's choice on the device, csrc/linrec/tuned.h); `backward_config`
+  // is the config autograd passes to the backward op (a "triton." name runs
+  // linrec::scan_backward_triton).
   m.def(
       "scan(Tensor x, Tensor coeffs, Tensor? initial=None, int dim=-1, bool reverse=False, str? config=None, "
       "str? backward_config=None) -> Tensor");

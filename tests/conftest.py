@@ -48,3 +48,14 @@ def device(request) -> str:
     """"cpu", and "cuda" where the CUDA kernels can run."""
     return request.param
 
+
+
+@pytest.fixture
+def no_tuned_configs(monkeypatch):
+    """No tuned cache entries: config "auto" runs the defaults (on CUDA a shipped cache would pick
+    per-bucket configs, whose results may differ from the defaults' in the last bits)."""
+    import torch_linrec.dispatch as dispatch
+    dispatch.clear_memo()
+    monkeypatch.setattr(dispatch, "_tuned_table", lambda index: {})
+    yield
+    dispatch.clear_memo()

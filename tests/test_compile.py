@@ -18,8 +18,9 @@ from conftest import CUDA_MARKS, DEVICES
 class MinGRU(nn.Module):
     """minGRU (Feng et al., "Were RNNs all we needed?", 2024): h_t = (1 - z_t) h_{t-1} + z_t h~_t."""
 
-    def __init__(self, d_in: int, d_hidden: int, reverse: bool = False):
+    def __init__(self, d_in: int, d_hidden: int, reverse: bool = False, backend: str = "native"):
         super().__init__()
+        self.backend = backend
         self.to_z = nn.Linear(d_in, d_hidden)
         self.to_h = nn.Linear(d_in, d_hidden)
         self.out = nn.Linear(d_hidden, d_in)
@@ -27,13 +28,13 @@ class MinGRU(nn.Module):
 
     def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:  # x: (B, L, d_in)
         z = torch.sigmoid(self.to_z(x))
-        h = torch_linrec.scan(z * self.to_h(x), 1 - z, h0, dim=1, reverse=self.reverse, backend="native")
+        h = torch_linrec.scan(z * self.to_h(x), 1 - z, h0, dim=1, reverse=self.reverse, backend=self.backend)
         return x + self.out(torch.nn.functional.gelu(h))
 
 
-def _model_and_inputs(device, L, seed=0, B=2, d_in=8, d_hidden=16):
+def _model_and_inputs(device, L, seed=0, B=2, d_in=8, d_hidden=16, backend="native"):
     torch.manual_seed(seed)
-    model = MinGRU(d_in, d_hidden).to(device)
+    model = MinGRU(d_in, d_hidden, backend=backend).to(device)
     x = torch.randn(B, L, d_in, device=device, requires_grad=True)
     h0 = torch.randn(B, d_hidden, device=device, requires_grad=True)
     return model, x, h0
@@ -136,3 +137,33 @@ def test_compile_reduce_overhead_cuda(device):
         torch.compiler.cudagraph_mark_step_begin()
         got_train = _run(compiled, model, x, h0)
     _assert_same(got_train, expect_train)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA_MARKS)])
+def test_compile_auto_applies_the_tuned_cache(device, monkeypatch):
+    """Backend "auto" under torch.compile(dynamic=True): one frame, no graph break, and each call
+    runs its bucket's tuned choice (here a table naming Triton configs for one length's buckets:
+    the Triton launches are counted), resolved by the op at run time."""
+    pytest.importorskip("triton")
+    from torch_linrec import dispatch
+    from torch_linrec.linrec.triton import ops as triton_ops
+
+    launches = []
+    real = triton_ops._launch_forward
+    monkeypatch.setattr(triton_ops, "_launch_forward", lambda *a: launches.append(a[-1]) or real(*a))
+    monkeypatch.setattr(dispatch, "_tuned_table", lambda index: {
+        dispatch.bucket_key("scan", d, torch.float32, "strided", 300, 2 * 16): "triton.t1024" for d in ("fwd", "bwd")})
+    dispatch.clear_memo()
+    try:
+        counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+        model, _, _ = _model_and_inputs(device, L=9, backend="auto")
+        compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
+        for L, tuned in ((9, False), (300, True), (13, False)):
+            _, x, h0 = _model_and_inputs(device, L=L, seed=L, backend="auto")
+            launches.clear()
+            got = _run(compiled, model, x, h0)
+            assert launches == ([(1024, 2048)] if tuned else []), L
+            _assert_same(got, _run(model, model, x, h0))
+        assert counter.frame_count == 1, f"compiled {counter.frame_count} frames for 3 sequence lengths"
+    finally:
+        dispatch.clear_memo()

@@ -13,7 +13,7 @@ import torch
 
 import torch_linrec
 from torch_linrec.configs import cache
-from torch_linrec.dispatch import bucket_key, choose, clear_memo
+from torch_linrec.dispatch import Choice, bucket_key, choose, clear_memo, tuned_configs
 
 IDENTITY = {"name": "Test GPU 80GB", "capability": "9.0", "sms": 132}
 KEY = "scan/fwd/float32/strided/L<=2^12/R<=2^16"
@@ -146,13 +146,17 @@ def test_auto_follows_the_shipped_file_on_its_gpu(monkeypatch, tmp_path):
     entries = json.loads(path.read_text())["entries"]
     x = torch.randn(8, 4096, 4096, device="cuda")
     c = torch.rand(8, 4096, 4096, device="cuda")
-    choice = choose(x, c, 1, "auto")
-    for cfg, direction in ((choice.config, "fwd"), (choice.backward_config, "bwd")):
-        want = entries[bucket_key("scan", direction, torch.float32, "strided", 4096, 8 * 4096)]["config"]
-        if cfg is not None:
-            assert cfg == "prefer:" + want
-        else:
-            assert want == choice.backend or (direction == "fwd" and want == "native")
-    y = torch_linrec.scan(x, c, dim=1)
-    torch.testing.assert_close(y, torch.ops.linrec.scan(x, c, None, 1, False))
+    assert choose(x, c, 1, "auto") == Choice("native", "auto", "auto")  # resolved by the op
+    tuned = tuned_configs(x, c, 1)
+    for cfg, direction in zip(tuned, ("fwd", "bwd")):
+        assert cfg == entries[bucket_key("scan", direction, torch.float32, "strided", 4096, 8 * 4096)]["config"]
+    leaves = [t.clone().requires_grad_() for t in (x, c)]
+    y = torch_linrec.scan(*leaves, dim=1)
+    grads = torch.autograd.grad(y, leaves, x)
+    fwd_cfg, bwd_cfg = ("prefer:" + t for t in tuned)
+    fwd = torch.ops.linrec.scan_triton if fwd_cfg.startswith("prefer:triton") else torch.ops.linrec.scan
+    bwd = torch.ops.linrec.scan_backward_triton if bwd_cfg.startswith("prefer:triton") else torch.ops.linrec.scan_backward
+    assert torch.equal(y, fwd(x, c, None, 1, False, fwd_cfg))
+    grad_x, grad_c, _ = bwd(x, c, y.detach(), None, 1, False, bwd_cfg)
+    assert torch.equal(grads[0], grad_x) and torch.equal(grads[1], grad_c)
     clear_memo()

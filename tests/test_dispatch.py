@@ -44,11 +44,10 @@ def _inputs(shape=(2, 37, 5), dim=1, device="cpu", dtype=torch.float32, seed=0):
 
 
 @pytest.fixture(autouse=True)
-def _no_backend_env(monkeypatch):
+def _no_backend_env(monkeypatch, no_tuned_configs):
     """No $TORCH_LINREC_BACKEND from the caller's shell: the default is "auto"; and no tuned cache
-    entries (on CUDA a shipped cache would pick per-bucket configs where these tests leave one None)."""
+    entries."""
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    monkeypatch.setattr(dispatch, "_tuned", lambda *args, **kwargs: (None, None))
 
 
 # ----------------------------------------------------------------------------------------------- use_backend
@@ -391,3 +390,54 @@ def test_triton_config_errors(monkeypatch):
     y = torch.ops.linrec.scan_triton(x, c, None, -1, False, "prefer:tile.e16t256")
     assert spy.fwd == [_T2048]
     torch.testing.assert_close(y.cpu().double(), torch_linrec.scan_ref(x.cpu().double(), c.cpu().double()))
+
+
+# ----------------------------------------------------------------------------------------------- config "auto"
+
+
+def _set_cpu_table(x, c, dim, fwd, bwd):
+    layout = layout_class(x, c, dim)
+    rows = x.numel() // x.shape[dim]
+    table = {bucket_key("scan", d, x.dtype, layout, x.shape[dim], rows): cfg
+             for d, cfg in (("fwd", fwd), ("bwd", bwd)) if cfg is not None}
+    torch_linrec._library._C.set_scan_tuned(-1, table)  # the CPU's table (csrc/linrec/tuned.h)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_auto_config_resolves_in_the_op(compiled, monkeypatch):
+    """Config "auto" makes the native op look the call's bucket up in the table the ops hold (here
+    the CPU's, which no shipped file fills), run a Triton config from it through the Triton op, in
+    either direction, and the default without an entry; compiled graphs hold "auto" and resolve it
+    per call."""
+    x, c, h0 = _inputs((2, 37), -1, "cpu")
+    op = torch.ops.linrec.scan
+    fn = torch.compile(op, fullgraph=True, dynamic=True) if compiled else op
+    leaves = [t.clone().requires_grad_() for t in (x, c, h0)]
+    expect = torch.autograd.grad(op(*leaves, -1, False).sum(), leaves)
+    try:
+        if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1":
+            spy = _LaunchSpy(monkeypatch)
+            _set_cpu_table(x, c, 1, "triton.t1024", "triton.t4096")
+            grads = torch.autograd.grad(fn(*leaves, -1, False, "auto", "auto").sum(), leaves)
+            assert spy.fwd == [_T1024] and spy.bwd == [_T4096]
+            for a, b in zip(grads, expect):
+                torch.testing.assert_close(a, b)
+            _set_cpu_table(x, c, 1, None, "triton.t1024")  # forward: no entry, the native default
+            y = fn(*leaves, -1, False, "auto", "auto")
+            torch.autograd.grad(y.sum(), leaves)
+            assert spy.fwd == [_T1024] and spy.bwd == [_T4096, _T1024]
+            assert torch.equal(y, op(x, c, h0, -1, False))
+        _set_cpu_table(x, c, 1, "cpu.g16", "prefer:not-a-config")  # a preference that is unknown: default
+        y = fn(*leaves, -1, False, "auto", "auto")
+        assert torch.equal(y, op(x, c, h0, -1, False))
+        for a, b in zip(torch.autograd.grad(y.sum(), leaves), expect):
+            assert torch.equal(a, b)
+    finally:
+        dispatch.clear_memo()
+
+
+def test_auto_is_what_auto_passes_on_cuda_only():
+    """On the CPU, backend "auto" runs the default (None); "auto" is passed where a tuned table exists."""
+    x, c, _ = _inputs()
+    assert choose(x, c, 1, "auto") == Choice("native", None, None)
+    assert choose(x, c, 1, "auto", "auto") == Choice("native", "auto", None)

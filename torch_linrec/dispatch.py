@@ -6,36 +6,36 @@ context (a ``contextvars.ContextVar``: per thread and per asyncio task), ``$TORC
 ``"auto"``. ``"auto"`` runs, per direction, what the tuned cache (:mod:`torch_linrec.configs`)
 names for the call's bucket, else the native kernels' defaults (the Triton ones where no native
 kernel exists for the device). An explicit ``config=`` / ``backward_config=`` wins over the cache;
-its name says its backend.
+its name says its backend. The backends ``"native"`` and ``"triton"`` run their defaults unless a
+config is named.
 
 A bucket (:func:`bucket_key`) is (op, direction, dtype, layout class, length bucket, rows bucket):
 layout ``innermost`` (the scanned dim has the smallest stride) or ``strided`` (channels innermost,
 e.g. ``(B, L, D)`` with ``dim=1``), with ``-bcast`` when coeffs broadcast; lengths and row counts
 (sequences) rounded up to even powers of two (``L<=2^12``, ``R<=2^16``).
 
-Under ``torch.compile`` the choice is made at trace time, so the graph holds the chosen op and
-config (no graph break, one frame across lengths). There the cache's per-size choice is not applied
-and each backend's defaults run: Dynamo does not tell a traced function whether a size is static or
-symbolic, and choosing by size bucket would guard on the bucket (a recompile per bucket) or, for
-static sizes, on the exact size. An explicit ``config=`` / ``backward_config=`` applies under
-``torch.compile`` too.
+The cache is applied by the ops, not here: ``"auto"`` calls ``linrec::scan`` with config
+``"auto"``, which looks the call's bucket up in a table this module hands to the C++ side once per
+device (csrc/linrec/tuned.h), and runs the Triton op from there when the entry names a Triton
+config. So a call pays no Python for the lookup, and under ``torch.compile`` the graph holds the
+op with ``"auto"`` (no graph break, one frame across lengths) and each compiled call still gets its
+own bucket's choice.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import importlib.util
 import os
 from typing import NamedTuple
 
 import torch
 
-from ._library import HAS_CUDA_KERNELS
-from .linrec.ops import NATIVE, TRITON, is_triton_config
+from ._library import HAS_CUDA_KERNELS, _C
+from .linrec.ops import AUTO, NATIVE, TRITON, is_triton_config
 
-__all__ = ["BACKENDS", "ENV_VAR", "use_backend", "get_backend", "available_backends", "bucket_key", "Choice",
-           "choose", "triton_runs_on"]
+__all__ = ["BACKENDS", "ENV_VAR", "use_backend", "get_backend", "available_backends", "bucket_key", "layout_class",
+           "Choice", "choose", "tuned_configs", "triton_runs_on", "clear_memo"]
 
 BACKENDS = ("auto", "native", "triton", "reference")
 ENV_VAR = "TORCH_LINREC_BACKEND"
@@ -98,23 +98,15 @@ def available_backends(device: torch.device | str = "cpu") -> list[str]:
     return out
 
 
-def _pow4_bucket(n: int, floor: int) -> int:
-    """The even exponent k >= floor with 2^(k-2) < n <= 2^k."""
-    k = max(floor, (max(int(n), 1) - 1).bit_length())
-    return k + (k % 2)
-
-
 def bucket_key(op: str, direction: str, dtype: torch.dtype, layout: str, length: int, rows: int) -> str:
-    """The cache key of a problem, e.g. ``"scan/fwd/float32/strided/L<=2^12/R<=2^16"``."""
-    dt = str(dtype).removeprefix("torch.")
-    return f"{op}/{direction}/{dt}/{layout}/L<=2^{_pow4_bucket(length, 8)}/R<=2^{_pow4_bucket(rows, 0)}"
+    """The cache key of a problem, e.g. ``"scan/fwd/float32/strided/L<=2^12/R<=2^16"`` (defined in
+    csrc/linrec/tuned.h, where the ops look it up)."""
+    return _C.scan_bucket_key(op, direction, str(dtype).removeprefix("torch."), layout, int(length), int(rows))
 
 
 def layout_class(x: torch.Tensor, coeffs: torch.Tensor, dim: int) -> str:
     """``innermost`` or ``strided`` (see the module docs), with ``-bcast`` for broadcast coeffs."""
-    others = [abs(x.stride(i)) for i in range(x.dim()) if i != dim and x.shape[i] != 1]
-    strided = bool(others) and abs(x.stride(dim)) > min(others)
-    return ("strided" if strided else "innermost") + ("-bcast" if coeffs.shape != x.shape else "")
+    return _C.scan_layout_class(tuple(x.shape), x.stride(), dim, coeffs.shape != x.shape)
 
 
 class Choice(NamedTuple):
@@ -126,16 +118,44 @@ class Choice(NamedTuple):
     backward_config: str | None
 
 
+_NATIVE_DEFAULTS = Choice(NATIVE, None, None)
+_NATIVE_AUTO = Choice(NATIVE, AUTO, AUTO)
+
+
 def _backend_of(config: str) -> str:
     return TRITON if is_triton_config(config) else NATIVE
 
 
-@functools.lru_cache(maxsize=4096)
-def _tuned(index: int, dtype: torch.dtype, layout: str, length: int, rows: int) -> tuple:
-    """The cache's ``(forward, backward)`` config names for a bucket (None where it has none)."""
+def _tuned_table(index: int) -> dict[str, str]:
+    """The tuned cache's entries for CUDA device ``index`` that can run in this process."""
     from .configs import load
-    table = load(index)
-    return tuple(table.lookup(bucket_key("scan", direction, dtype, layout, length, rows)) for direction in ("fwd", "bwd"))
+    entries = load(index).entries
+    return {k: v for k, v in entries.items() if not is_triton_config(v) or HAS_TRITON}
+
+
+_ready: set[int] = set()
+
+
+@torch.compiler.assume_constant_result
+def _ensure_tuned(index: int) -> bool:
+    """Hands device ``index``'s tuned table to the ops (once; at trace time under ``torch.compile``)."""
+    if index not in _ready:
+        _C.set_scan_tuned(index, _tuned_table(index))
+        _ready.add(index)
+    return True
+
+
+def tuned_configs(x: torch.Tensor, coeffs: torch.Tensor, dim: int) -> tuple[str | None, str | None]:
+    """The ``(forward, backward)`` config names that config ``"auto"`` runs for this call (None: the
+    default), as the ops resolve it (for reports and tests; a call does not need it)."""
+    if x.device.type != "cuda":
+        return None, None
+    from .configs import load
+    entries = load(x.device.index).entries
+    length = x.shape[dim]
+    rows = x.numel() // length if length else 0
+    layout = layout_class(x, coeffs, dim)
+    return tuple(entries.get(bucket_key("scan", d, x.dtype, layout, length, rows)) for d in ("fwd", "bwd"))
 
 
 def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None = None, config: str | None = None,
@@ -150,8 +170,13 @@ def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None 
         ValueError: an unknown backend; a backend that cannot run on x's device; a config whose
             backend contradicts ``backend``.
     """
-    name = _validate(backend) if backend is not None else get_backend()
+    name = _validate(backend) if backend is not None else _get_backend()
     device = x.device
+    if name == "auto" and config is None and backward_config is None:  # the common call, kept short
+        if device.type == "cpu":
+            return _NATIVE_DEFAULTS
+        if device.type == "cuda" and HAS_CUDA_KERNELS and _ensure_tuned(device.index):
+            return _NATIVE_AUTO
     if name == "reference":
         if config is not None or backward_config is not None:
             raise ValueError("config and backward_config name kernel configs; the reference backend has none")
@@ -162,20 +187,11 @@ def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None 
         if cfg is not None and name != "auto" and _backend_of(cfg) != name:
             raise ValueError(f"{what} {cfg!r} is a {_backend_of(cfg)} config, but backend {name!r} was asked for")
     native_ok = device.type == "cpu" or HAS_CUDA_KERNELS
-    tuned_ok = device.type == "cuda" and name in ("auto", NATIVE, TRITON)
     configs = [config, backward_config]
-    if tuned_ok and None in configs:
-        if not torch.compiler.is_compiling():
-            length = x.shape[dim]
-            rows = x.numel() // length if length else 0
-            layout = layout_class(x, coeffs, dim)
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            for i, tuned in enumerate(_tuned(index, x.dtype, layout, length, rows)):
-                if configs[i] is None:
-                    usable = tuned is not None and (name == "auto" or _backend_of(tuned) == name) and \
-                        (_backend_of(tuned) != TRITON or triton_runs_on(device))
-                    if usable:
-                        configs[i] = "prefer:" + tuned  # per bucket: the default where a call's layout differs
+    if name == "auto" and device.type == "cuda" and native_ok:
+        configs = [AUTO if c is None else c for c in configs]  # resolved by the ops, at run time
+    if AUTO in configs and device.type == "cuda":
+        _ensure_tuned(device.index)
     fwd_cfg, bwd_cfg = configs
     default = name if name in (NATIVE, TRITON) else (NATIVE if native_ok else TRITON)
     fwd_backend = _backend_of(fwd_cfg) if fwd_cfg is not None else default
@@ -190,7 +206,8 @@ def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None 
 
 
 def clear_memo() -> None:
-    """Forgets memoized cache lookups (after the tuner wrote a file)."""
-    _tuned.cache_clear()
+    """Forgets loaded tuned tables (after the tuner wrote a file): the next call reloads them."""
+    _ready.clear()
+    _C.clear_scan_tuned()
     from .configs import clear_memo as clear_files
     clear_files()

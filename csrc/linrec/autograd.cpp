@@ -33,30 +33,16 @@ using Config = std::optional<c10::string_view>;
 const auto& scan_op() {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("linrec::scan", "")
-                       .typed<Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&, int64_t, bool,
-                                     Config, Config)>();
+                       .typed<ScanSig>();
   return op;
 }
 
-using BackwardSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                       const std::optional<Tensor>&, int64_t, bool, Config);
-using BackwardOp = c10::TypedOperatorHandle<BackwardSig>;
-
-// linrec::scan_backward, or linrec::scan_backward_triton for a Triton config (that op is defined
-// in Python, by torch_linrec.linrec.triton).
-const BackwardOp& backward_op(bool triton) {
+// linrec::scan_backward, or linrec::scan_backward_triton for a Triton config.
+const c10::TypedOperatorHandle<ScanBackwardSig>& backward_op(bool triton) {
   static auto native = c10::Dispatcher::singleton()
                            .findSchemaOrThrow("linrec::scan_backward", "")
-                           .typed<BackwardSig>();
-  if (!triton) return native;
-  static std::optional<BackwardOp> triton_op;
-  if (!triton_op) {
-    auto handle = c10::Dispatcher::singleton().findSchema({"linrec::scan_backward_triton", ""});
-    TORCH_CHECK_VALUE(handle.has_value(), "linrec.scan: backward_config names a Triton config, but the Triton ops "
-                      "are not registered: install triton and import torch_linrec.linrec.triton");
-    triton_op = handle->typed<BackwardSig>();
-  }
-  return *triton_op;
+                           .typed<ScanBackwardSig>();
+  return triton ? scan_backward_triton_op() : native;
 }
 
 struct ScanFunction : public torch::autograd::Function<ScanFunction> {

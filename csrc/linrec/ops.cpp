@@ -8,6 +8,7 @@
 
 #include "../common/errors.h"
 #include "../common/layout.h"
+#include "tuned.h"
 
 namespace linrec {
 
@@ -26,6 +27,54 @@ bool is_triton_config(const OptConfig& config) {
 }
 
 namespace {
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> find_triton_op(const char* name) {
+  auto handle = c10::Dispatcher::singleton().findSchema({name, ""});
+  TORCH_CHECK_VALUE(handle.has_value(), "linrec.scan: the config names a Triton config, but ", name,
+                    " is not registered: install triton and import torch_linrec");
+  return handle->typed<Sig>();
+}
+
+}  // namespace
+
+const c10::TypedOperatorHandle<ScanSig>& scan_triton_op() {
+  static const auto op = find_triton_op<ScanSig>("linrec::scan_triton");
+  return op;
+}
+
+const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_op() {
+  static const auto op = find_triton_op<ScanBackwardSig>("linrec::scan_backward_triton");
+  return op;
+}
+
+namespace {
+
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    default: return "float64";
+  }
+}
+
+// Config "auto": the tuned cache's choice for the call's bucket (tuned.h) as a preference, so that
+// a bucket's choice that does not apply to this call's exact layout runs the default; nullopt
+// (the default) without an entry. `ref` is x (forward) or y (backward).
+std::optional<std::string> resolve_auto(bool backward, const Tensor& ref, const Tensor& coeffs, int64_t d) {
+  if (!ref.is_cuda() && !ref.is_cpu()) return std::nullopt;
+  const int64_t length = ref.size(d);
+  const int64_t rows = length > 0 ? ref.numel() / length : 0;
+  const std::string layout =
+      scan_layout_class(ref.sizes().vec(), ref.strides().vec(), d, coeffs.sizes() != ref.sizes());
+  auto name = tuned_config(ref.is_cuda() ? ref.get_device() : kCpuTable,
+                           bucket_key("scan", backward ? "bwd" : "fwd", dtype_name(ref.scalar_type()), layout, length, rows));
+  if (!name) return std::nullopt;
+  return std::string(kPreferPrefix) + *name;
+}
+
+bool is_auto(const OptConfig& config) { return config.has_value() && *config == kAutoConfig; }
 
 bool is_supported_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
@@ -91,6 +140,15 @@ SlotTensors<kNumSlots> slot_tensors() {
 Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
                  bool reverse, const OptConfig& config, ScanLauncher launch) {
   const int64_t d = check_inputs("linrec.scan", x, coeffs, initial, dim);
+  if (is_auto(config)) {
+    const auto resolved = resolve_auto(false, x, coeffs, d);
+    const OptConfig cfg = resolved ? OptConfig(*resolved) : std::nullopt;
+    if (is_triton_config(cfg)) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return scan_triton_op().call(x, coeffs, initial, dim, reverse, cfg, std::nullopt);
+    }
+    return scan_impl(x, coeffs, initial, dim, reverse, cfg, launch);
+  }
   check_config("linrec.scan", config);
   Tensor y = at::empty_like(x);
   if (y.numel() == 0) return y;
@@ -112,6 +170,15 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, cons
                                                       const std::optional<Tensor>& initial, int64_t dim, bool reverse,
                                                       const OptConfig& config, ScanLauncher launch) {
   const int64_t d = check_inputs("linrec.scan_backward", y, coeffs, initial, dim);
+  if (is_auto(config)) {
+    const auto resolved = resolve_auto(true, y, coeffs, d);
+    const OptConfig cfg = resolved ? OptConfig(*resolved) : std::nullopt;
+    if (is_triton_config(cfg)) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return scan_backward_triton_op().call(grad_y, coeffs, y, initial, dim, reverse, cfg);
+    }
+    return scan_backward_impl(grad_y, coeffs, y, initial, dim, reverse, cfg, launch);
+  }
   check_config("linrec.scan_backward", config);
   TORCH_CHECK_VALUE(grad_y.sizes() == y.sizes(), "linrec.scan_backward: grad_y must have the shape of y (",
                     shape(y.sizes()), "), got ", shape(grad_y.sizes()));

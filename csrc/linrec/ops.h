@@ -3,6 +3,7 @@
 #pragma once
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/string_view.h>
 
 #include <optional>
@@ -24,7 +25,9 @@ using ScanLauncher = void (*)(const ScanParams& params, at::ScalarType dtype, co
 // Config names (torch_linrec/linrec/ops.py has the same rules): "native" and "triton" name each
 // backend's default config, "triton.<...>" the Triton configs (torch_linrec/linrec/triton), which
 // the native ops reject and the autograd of linrec::scan hands to the Triton backward; a name
-// behind "prefer:" is a preference: where it does not apply, the default runs.
+// behind "prefer:" is a preference: where it does not apply, the default runs. "auto" (tuned.h)
+// runs the tuned cache's choice for the call's bucket on its device, which may be a Triton config
+// (the native op then calls the Triton op), else the default.
 constexpr const char* kNativeDefault = "native";
 constexpr const char* kTritonDefault = "triton";
 constexpr const char* kTritonConfigPrefix = "triton.";
@@ -34,6 +37,15 @@ constexpr const char* kPreferPrefix = "prefer:";
 std::string strip_prefer(c10::string_view config, bool* prefer);
 // Whether `config` (after any "prefer:") names a Triton config.
 bool is_triton_config(const OptConfig& config);
+
+using ScanSig = Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&, int64_t, bool, OptConfig,
+                       OptConfig);
+using ScanBackwardSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                           const std::optional<Tensor>&, int64_t, bool, OptConfig);
+// linrec::scan_triton and linrec::scan_backward_triton, defined in Python by torch_linrec.linrec.triton;
+// ValueError if they are not registered.
+const c10::TypedOperatorHandle<ScanSig>& scan_triton_op();
+const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_op();
 
 Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
                  bool reverse, const OptConfig& config, ScanLauncher launch);

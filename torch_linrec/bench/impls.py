@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from ..api import scan as _scan
-from ..dispatch import available_backends, choose
+from ..dispatch import available_backends, tuned_configs
 
 __all__ = ["Impl", "implementations", "register_impls", "select_impls"]
 
@@ -71,11 +71,12 @@ def _auto(x, coeffs, initial=None, dim=-1, reverse=False):
 
 def describe_auto(x: torch.Tensor, coeffs: torch.Tensor, dim: int) -> str:
     """``"<fwd backend>:<config> / <bwd backend>:<config>"`` that ``backend="auto"`` runs on this call."""
-    c = choose(x, coeffs, dim % x.dim(), "auto")
-    fwd = (c.config or "default").removeprefix("prefer:")
-    bwd = (c.backward_config or c.backend).removeprefix("prefer:")
-    fwd = fwd if fwd.startswith(("triton", "native")) else f"{c.backend}:{fwd}"
-    return f"{fwd} / {bwd if bwd.startswith(('triton', 'native')) else 'native:' + bwd}"
+    def name(cfg):
+        if cfg is None:
+            return "native:default"
+        return cfg if cfg.startswith(("triton", "native")) else f"native:{cfg}"
+    fwd, bwd = tuned_configs(x, coeffs, dim % x.dim())
+    return f"{name(fwd)} / {name(bwd)}"
 
 
 def _backend_impls(device: torch.device) -> list[Impl]:

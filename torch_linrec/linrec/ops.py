@@ -16,13 +16,14 @@ import torch
 from .. import _library  # noqa: F401  (loads the library that defines the linrec ops)
 from .checks import batch_shape, check_batch_dims, check_scan_args, check_scan_backward_args
 
-__all__ = ["fake_scan", "fake_scan_backward", "register_scan_autograd", "is_triton_config", "NATIVE", "TRITON",
+__all__ = ["fake_scan", "fake_scan_backward", "register_scan_autograd", "is_triton_config", "NATIVE", "TRITON", "AUTO",
            "TRITON_PREFIX", "PREFER_PREFIX"]
 
 # Config names (csrc/linrec/ops.h has the same rules): "native" and "triton" name each backend's
 # default config, "triton.<...>" the Triton configs, "<template>.<...>" the native ones; a name
-# behind "prefer:" is a preference (the backend's default runs where it does not apply).
-NATIVE, TRITON = "native", "triton"
+# behind "prefer:" is a preference (the backend's default runs where it does not apply); "auto" asks
+# the native ops for the tuned cache's choice (csrc/linrec/tuned.h).
+NATIVE, TRITON, AUTO = "native", "triton", "auto"
 TRITON_PREFIX = "triton."
 PREFER_PREFIX = "prefer:"
 

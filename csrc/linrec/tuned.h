@@ -1,0 +1,41 @@
+// The tuned config cache on the C++ side: the table of one device that config "auto" reads.
+//
+// torch_linrec/configs reads the per-GPU JSON files and hands each device's entries to
+// set_tuned_configs (through _C.set_scan_tuned); the ops resolve "auto" here at run time, so a
+// call pays no Python for the lookup and compiled graphs (which hold "auto", not a size-dependent
+// choice) follow the cache too. The bucket key is defined here once; Python reads it through
+// _C.scan_bucket_key / _C.scan_layout_class (the tuner writes the keys this code looks up).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace linrec {
+
+// The config name that asks for the tuned cache's choice (the backend's default where none).
+constexpr const char* kAutoConfig = "auto";
+
+// "innermost" (the scanned dim has the smallest stride among dims of size > 1, or there are no
+// others) or "strided" (e.g. (B, L, D) with dim=1), with "-bcast" when coeffs broadcast.
+std::string scan_layout_class(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t dim,
+                              bool bcast_coeffs);
+
+// "<op>/<direction>/<dtype>/<layout>/L<=2^a/R<=2^b": length and rows (number of sequences)
+// rounded up to even powers of two, the length bucket at least 2^8.
+std::string bucket_key(const std::string& op, const std::string& direction, const std::string& dtype,
+                       const std::string& layout, int64_t length, int64_t rows);
+
+// The table key of the CPU (CUDA devices are keyed by their index). No CPU file is shipped: the
+// CPU has one kernel; tests use the table to reach the Triton ops through "auto".
+constexpr int kCpuTable = -1;
+
+// Replaces the table of CUDA device `device` (kCpuTable: the CPU) (bucket key -> config name); thread-safe.
+void set_tuned_configs(int device, std::unordered_map<std::string, std::string> entries);
+// Forgets every device's table.
+void clear_tuned_configs();
+// The config for `key` on `device`, or nullopt (no table or no entry).
+std::optional<std::string> tuned_config(int device, const std::string& key);
+
+}  // namespace linrec
