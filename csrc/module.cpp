@@ -138,4 +138,27 @@ TORCH_LIBRARY(linrec, m) {
   m.def(
       "scan_backward(Tensor grad_y, Tensor coeffs, Tensor y, Tensor? initial, int dim, bool reverse, "
       "str? config=None) -> (Tensor, Tensor, Tensor)");
+
+  // Mamba's selective scan (torch_linrec/selective/reference.py has the math): u, delta, z
+  // (B, D, L); A (D, N); B, C (D, N), (B, N, L) or (B, G, N, L); D, delta_bias (D,);
+  // initial_state (B, D, N). Returns (out (B, D, L) in u's dtype, last_state (B, D, N) float32).
+  m.def(
+      "selective_scan(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, Tensor? z=None, "
+      "Tensor? delta_bias=None, bool delta_softplus=False, Tensor? initial_state=None) -> (Tensor, Tensor)");
+  // Vector-Jacobian product of selective_scan: (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias,
+  // dinitial_state), each of its input's shape; the gradient of an absent optional input is an
+  // empty tensor.
+  m.def(
+      "selective_scan_backward(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
+      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // The CPU kernels behind them (csrc/selective/cpu), called after the Python checks with B, C as
+  // (D, N) or (B, G, N, L) in u's dtype and A, D, delta_bias, initial_state in the compute dtype.
+  m.def(
+      "_selective_scan_fwd_cpu(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
+      "Tensor? delta_bias, bool delta_softplus, Tensor? initial_state) -> (Tensor, Tensor)");
+  m.def(
+      "_selective_scan_bwd_cpu(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
+      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state) "
+      "-> Tensor[]");
 }

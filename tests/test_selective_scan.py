@@ -1,0 +1,269 @@
+"""linrec::selective_scan (Mamba's selective SSM, fused): forward, last state and every gradient
+against the float64 reference (torch_linrec/selective/reference.py), for each B/C form, with and
+without D, z, delta_bias/softplus and initial_state, odd lengths, L = 0 and 1, the (B, L, D) strided
+layout; gradcheck, opcheck, torch.compile, errors, the drop-in API and the decoding step.
+
+Devices: the CPU kernel always; the Triton kernels on CUDA, and on the CPU under
+``TRITON_INTERPRET=1`` (called through their launchers, small shapes).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.testing
+
+import torch_linrec
+from conftest import CUDA_MARKS
+from torch_linrec.selective import selective_scan_ref
+from torch_linrec.selective.ops import _kernel_args
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = pytest.param("cuda", marks=CUDA_MARKS)
+DEVICES = ["cpu", CUDA]
+
+# name -> (B/C form, D, z, delta_bias + softplus, initial_state)
+VARIANTS = {
+    "var": ("var", False, False, False, False),
+    "var-D-z-bias": ("var", True, True, True, False),
+    "var-all": ("var", True, True, True, True),
+    "ti-D-z": ("ti", True, True, False, False),
+    "ti-all": ("ti", True, True, True, True),
+    "grp-all": ("grp", True, True, True, True),
+    "mixed-bias-h0": ("mixed", False, False, True, True),
+}
+
+
+def make(variant: str, batch=2, dim=4, length=37, nstate=3, dtype=torch.float64, device="cpu", layout="BDL",
+         seed=0):
+    """Inputs ``(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state)`` (float64 made,
+    then cast). layout "BLD": u, delta, z are (B, L, D)-contiguous tensors seen as (B, D, L)."""
+    bc, has_d, has_z, has_bias, has_h0 = VARIANTS[variant]
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+
+    def seq(scale=1.0):
+        t = rnd(batch, length, dim, scale=scale).transpose(1, 2) if layout == "BLD" else rnd(batch, dim, length,
+                                                                                               scale=scale)
+        return t
+
+    u, delta = seq(), seq(0.5)
+    A = -torch.rand(dim, nstate, generator=g, dtype=torch.float64) * 2
+    if bc == "var":
+        B, C = rnd(batch, nstate, length), rnd(batch, nstate, length)
+    elif bc == "ti":
+        B, C = rnd(dim, nstate), rnd(dim, nstate)
+    elif bc == "grp":
+        B, C = rnd(batch, 2, nstate, length), rnd(batch, dim, nstate, length)
+    else:  # time-invariant B, input-dependent C
+        B, C = rnd(dim, nstate), rnd(batch, nstate, length)
+    D = rnd(dim) if has_d else None
+    z = seq() if has_z else None
+    bias = rnd(dim, scale=0.5) if has_bias else None
+    h0 = rnd(batch, dim, nstate) if has_h0 else None
+    ct = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def cast(t, to):
+        if t is None:
+            return None
+        return (t.transpose(1, 2).to(device, to).transpose(1, 2) if layout == "BLD" and t.dim() == 3
+                and t.shape == u.shape else t.to(device, to))
+    return (cast(u, dtype), cast(delta, dtype), cast(A, ct), cast(B, dtype), cast(C, dtype), cast(D, ct),
+            cast(z, dtype), cast(bias, ct), has_bias, cast(h0, ct))
+
+
+def _tol(dtype):
+    return {torch.float64: dict(rtol=1e-9, atol=1e-9), torch.float32: dict(rtol=2e-4, atol=2e-4),
+            torch.float16: dict(rtol=2e-2, atol=2e-2), torch.bfloat16: dict(rtol=6e-2, atol=6e-2)}[dtype]
+
+
+def _check_against_reference(run, args, dtype, grads=True):
+    """``run(*tensor args, grad_out, grad_last)`` -> (out, last, grads) vs the float64 reference."""
+    names = ["u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"]
+    tensors = [args[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 9)]
+    ref_leaves = [None if t is None else t.detach().cpu().double().requires_grad_() for t in tensors]
+    ref_out, ref_last = selective_scan_ref(*ref_leaves[:8], args[8], ref_leaves[8])
+    g = torch.Generator().manual_seed(1)
+    grad_out = torch.randn(ref_out.shape, generator=g, dtype=torch.float64)
+    grad_last = torch.randn(ref_last.shape, generator=g, dtype=torch.float64)
+    out, last, got_grads = run(tensors, grad_out, grad_last)
+    tol = _tol(dtype)
+    torch.testing.assert_close(out.detach().cpu().double(), ref_out.detach(), **tol, msg=lambda m: f"out: {m}")
+    assert out.dtype == args[0].dtype and out.shape == args[0].shape
+    torch.testing.assert_close(last.detach().cpu().double(), ref_last.detach(), **tol, msg=lambda m: f"last: {m}")
+    if not grads:
+        return
+    used = [(n, t) for n, t in zip(names, ref_leaves) if t is not None]
+    ref_grads = torch.autograd.grad((ref_out * grad_out).sum() + (ref_last * grad_last).sum(), [t for _, t in used],
+                                    allow_unused=True, materialize_grads=True)
+    for (name, t), a, b in zip(used, [x for x in got_grads if x is not None], ref_grads):
+        assert a.shape == t.shape, name
+        scale = b.abs().max().item() + 1
+        torch.testing.assert_close(a.detach().cpu().double() / scale, b / scale, **tol,
+                                   msg=lambda m: f"grad {name}: {m}")
+
+
+def _run_op(tensors, grad_out, grad_last, softplus):
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in tensors]
+    out, last = torch.ops.linrec.selective_scan(*leaves[:8], softplus, leaves[8])
+    dev = out.device
+    loss = (out.double() * grad_out.to(dev)).sum() + (last.double() * grad_last.to(dev)).sum()
+    used = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(loss, used, allow_unused=True, materialize_grads=True))
+    return out, last, [None if t is None else next(grads) for t in leaves]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("layout", ["BDL", "BLD"])
+def test_op_matches_reference_float64_or_float32(device, variant, layout):
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    args = make(variant, dtype=dtype, device=device, layout=layout)
+    _check_against_reference(lambda t, go, gl: _run_op(t, go, gl, args[8]), args, dtype)
+
+
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16),
+                                          pytest.param("cuda", torch.bfloat16, marks=CUDA_MARKS),
+                                          pytest.param("cuda", torch.float16, marks=CUDA_MARKS)])
+@pytest.mark.parametrize("variant", ["var-all", "ti-all", "grp-all"])
+def test_op_reduced_dtypes(device, dtype, variant):
+    args = make(variant, dtype=dtype, device=device, layout="BLD")
+    _check_against_reference(lambda t, go, gl: _run_op(t, go, gl, args[8]), args, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("length", [0, 1, 2, 65, 130])
+def test_lengths(device, length):
+    """L = 0 (out empty, last = initial), 1, and lengths across chunk boundaries."""
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    args = make("var-all", length=length, dtype=dtype, device=device, nstate=5, dim=3)
+    _check_against_reference(lambda t, go, gl: _run_op(t, go, gl, args[8]), args, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_large_state_and_float32_B_with_bf16_u(device):
+    """N = 33 (padded to 64 state lanes); B, C float32 with bf16 u, delta, z."""
+    args = list(make("var-all", nstate=33, dtype=torch.bfloat16, device=device, length=20))
+    args[3], args[4] = args[3].float(), args[4].float()
+    _check_against_reference(lambda t, go, gl: _run_op(t, go, gl, args[8]), args, torch.bfloat16)
+
+
+@pytest.mark.skipif(not (HAS_TRITON and INTERPRET), reason="needs triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("variant", ["var-all", "ti-D-z", "grp-all", "mixed-bias-h0"])
+@pytest.mark.parametrize("layout", ["BDL", "BLD"])
+def test_triton_kernels_interpreted(variant, layout):
+    """The Triton kernels on the CPU (interpreter), through their launchers."""
+    from torch_linrec.selective.triton import ops as tops
+    args = make(variant, dtype=torch.float32, layout=layout, length=21, dim=4, nstate=3)
+
+    def run(tensors, grad_out, grad_last):
+        u, delta, A, B, C, D, z, bias, h0 = tensors
+        kargs = _kernel_args(u, delta, A, B, C, D, z, bias, h0, same_bc_dtype=False)
+        out, last = tops.selective_scan_fwd(*kargs[:8], args[8], kargs[8])
+        grads = tops.selective_scan_bwd(grad_out.float(), grad_last.float(), *kargs[:8], args[8], kargs[8])
+        du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
+        squeeze = [g.squeeze(1) if t.dim() == 3 else g for g, t in ((dB, B), (dC, C))]
+        return out, last, [du, ddelta, dA, *squeeze, dD if D is not None else None, dz if z is not None else None,
+                           dbias if bias is not None else None, dh0 if h0 is not None else None]
+    _check_against_reference(run, args, torch.float32)
+
+
+def test_gradcheck_cpu():
+    args = make("ti-all", batch=1, dim=2, length=5, nstate=2)
+    grp = make("grp-all", batch=1, dim=2, length=4, nstate=2)
+    for a in (args, grp):
+        tensors = [t.clone().requires_grad_() if isinstance(t, torch.Tensor) else t for t in a]
+        assert torch.autograd.gradcheck(lambda *ts: torch.ops.linrec.selective_scan(*ts[:8], a[8], ts[9]),
+                                        tensors, eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["var", "ti-all", "grp-all"])
+def test_opcheck(device, variant):
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    args = make(variant, dtype=dtype, device=device, length=9, layout="BLD")
+    args = [t.requires_grad_() if isinstance(t, torch.Tensor) else t for t in args]
+    torch.library.opcheck(torch.ops.linrec.selective_scan.default, tuple(args))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_dynamic_no_graph_break(device):
+    dtype = torch.float32
+    torch._dynamo.reset()
+
+    def f(u, delta, A, B, C, D, z, bias, h0):
+        out, last = torch_linrec.selective_scan(u, delta, A, B, C, D, z, bias, True, h0, return_last_state=True)
+        return out.sin().sum() + last.sum()
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
+    for length in (9, 14):
+        args = make("var-all", dtype=dtype, device=device, length=length)
+        tensors = [t for t in args if isinstance(t, torch.Tensor)]
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        ref_leaves = [t.clone().requires_grad_() for t in tensors]
+        got = torch.autograd.grad(cf(*leaves), leaves)
+        want = torch.autograd.grad(f(*ref_leaves), ref_leaves)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+def test_errors():
+    u, delta, A, B, C, D, z, bias, _, h0 = make("var-all")
+    op = torch.ops.linrec.selective_scan
+    cases = [
+        ((u[0], delta, A, B, C), r"u must have shape \(B, D, L\), got \[4, 37\]"),
+        ((u, delta[:, :, :5], A, B, C), r"delta must have the shape of u \[2, 4, 37\], got \[2, 4, 5\]"),
+        ((u, delta, A[:3], B, C), r"A must have shape \[4, 3\], got \[3, 3\]"),
+        ((u, delta, A, B[:, :2], C), r"B must have shape \(D, N\) = \[4, 3\], \(B, N, L\) = \[2, 3, 37\]"),
+        ((u, delta, A, B, C.unsqueeze(1).expand(2, 3, 3, 37)), r"C has 3 groups, which must divide D = 4"),
+        ((u, delta, A.float(), B, C), r"A must be torch.float64 \(the compute dtype of u\), got torch.float32"),
+        ((u, delta, A, B.half(), C), r"B must be torch.float64 \(u's dtype\) or torch.float64, got torch.float16"),
+        ((u, delta, A, B, C, D[:2]), r"D must have shape \[4\], got \[2\]"),
+        ((u.int(), delta, A, B, C), r"u must be float32, float16, bfloat16 or float64, got torch.int32"),
+    ]
+    for args, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            op(*args)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 4, 3\], got \[4, 3\]"):
+        op(u, delta, A, B, C, initial_state=h0[0])
+
+
+def test_double_backward_raises():
+    args = make("var")
+    leaves = [t.clone().requires_grad_() if isinstance(t, torch.Tensor) else t for t in args]
+    out, _ = torch.ops.linrec.selective_scan(*leaves[:8], leaves[8], leaves[9])
+    gu, = torch.autograd.grad(out.square().sum(), leaves[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(gu.sum(), leaves[0])
+
+
+def test_selective_scan_fn_drop_in_and_state_update():
+    """mamba_ssm's return convention, and decoding step by step equals the scan, from a carried
+    state too (chunked processing)."""
+    u, delta, A, B, C, D, z, bias, sp, h0 = make("var-all", length=12)
+    out = torch_linrec.selective_scan_fn(u, delta, A, B, C, D, z, bias, sp)
+    out2, last = torch_linrec.selective_scan_fn(u, delta, A, B, C, D, z, bias, sp, return_last_state=True,
+                                                initial_state=None)
+    assert torch.equal(out, out2) and last.shape == (2, 4, 3)
+    state = torch.zeros(2, 4, 3, dtype=torch.float64)
+    steps = [torch_linrec.selective_state_update(state, u[:, :, i], delta[:, :, i], A, B[:, :, i], C[:, :, i], D,
+                                                 z[:, :, i], bias, sp) for i in range(12)]
+    torch.testing.assert_close(torch.stack(steps, -1), out)
+    torch.testing.assert_close(state, last)
+    first, mid = torch_linrec.selective_scan_fn(u[:, :, :5], delta[:, :, :5], A, B[:, :, :5], C[:, :, :5], D,
+                                                z[:, :, :5], bias, sp, return_last_state=True)
+    rest = torch_linrec.selective_scan_fn(u[:, :, 5:], delta[:, :, 5:], A, B[:, :, 5:], C[:, :, 5:], D, z[:, :, 5:],
+                                          bias, sp, initial_state=mid)
+    torch.testing.assert_close(torch.cat([first, rest], -1), out)
+    y, new = torch_linrec.selective_state_update(last, u[:, :, 0], delta[:, :, 0], A, B[:, :, 0], C[:, :, 0],
+                                                 inplace=False)
+    assert not torch.equal(new, last) and y.shape == (2, 4)

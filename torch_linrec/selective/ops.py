@@ -1,0 +1,143 @@
+"""Registration of ``linrec::selective_scan`` and ``linrec::selective_scan_backward`` beside their
+schemas (csrc/module.cpp): the CPU and CUDA implementations, the fake kernels and autograd, each once.
+
+CPU: the C++ kernels (csrc/selective/cpu) through the internal ops ``linrec::_selective_scan_*_cpu``.
+CUDA: the Triton kernels (torch_linrec/selective/triton), loaded on first use. Both implementations
+run the checks of :mod:`.checks` and normalize B and C (``(B, N, L)`` becomes one group,
+``(B, 1, N, L)``) and the float parameters (A, D, delta_bias, initial_state) to the compute dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _library  # noqa: F401  (loads the library that defines the linrec ops)
+from .checks import check_selective_scan_args, check_selective_scan_backward_args
+from .reference import compute_dtype
+
+__all__ = ["fake_selective_scan", "fake_selective_scan_backward"]
+
+_OP, _BWD = "linrec.selective_scan", "linrec.selective_scan_backward"
+
+
+def _to(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(dtype).contiguous()
+
+
+def _bc(t: torch.Tensor) -> torch.Tensor:
+    return t.unsqueeze(1) if t.dim() == 3 else t
+
+
+def _bc_grad(g: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return (g.squeeze(1) if t.dim() == 3 else g).to(t.dtype)
+
+
+def _triton_ops():
+    try:
+        from .triton import ops
+    except ImportError as exc:  # no triton in this environment
+        raise ValueError(f"{_OP}: CUDA tensors need the Triton kernels, and triton cannot be imported: {exc}") from exc
+    return ops
+
+
+def _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype: bool):
+    """The arguments as the kernels take them (module docs). ``same_bc_dtype``: the kernel reads B
+    and C in u's dtype (the CPU kernel), so mixed dtypes run everything in the compute dtype."""
+    ct = compute_dtype(u.dtype)
+    if same_bc_dtype and (B.dtype != u.dtype or C.dtype != u.dtype):
+        u, delta, z = u.to(ct), delta.to(ct), None if z is None else z.to(ct)
+        B, C = B.to(ct), C.to(ct)
+    A = A.to(ct).contiguous()
+    return u, delta, A, _bc(B), _bc(C), _to(D, ct), z, _to(delta_bias, ct), _to(initial_state, ct)
+
+
+def _forward(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None):
+    check_selective_scan_args(_OP, u, delta, A, B, C, D, z, delta_bias, initial_state)
+    cpu = u.device.type == "cpu"
+    args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
+    if cpu:
+        out, last = torch.ops.linrec._selective_scan_fwd_cpu(*args[:7], args[7], delta_softplus, args[8])
+    else:
+        ops = _triton_ops()
+        if A.shape[1] > ops.MAX_STATE:
+            raise ValueError(f"{_OP}: the CUDA kernels take N <= {ops.MAX_STATE} states, got A of shape {list(A.shape)}")
+        out, last = ops.selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8])
+    return out.to(u.dtype), last
+
+
+def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state):
+    check_selective_scan_backward_args(_BWD, grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias,
+                                       initial_state)
+    cpu = u.device.type == "cpu"
+    args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
+    grad_out = grad_out.to(args[0].dtype)
+    grad_last_state = _to(grad_last_state, compute_dtype(u.dtype))
+    if cpu:
+        grads = torch.ops.linrec._selective_scan_bwd_cpu(grad_out, grad_last_state, *args[:7], args[7],
+                                                          delta_softplus, args[8])
+    else:
+        grads = _triton_ops().selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7], delta_softplus,
+                                                 args[8])
+    du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
+    empty = u.new_empty(0)
+    return (du.to(u.dtype), ddelta.to(delta.dtype), dA.to(A.dtype), _bc_grad(dB, B), _bc_grad(dC, C),
+            dD.to(D.dtype) if D is not None else empty, dz.to(z.dtype) if z is not None else empty,
+            dbias.to(delta_bias.dtype) if delta_bias is not None else empty,
+            dh0.to(initial_state.dtype) if initial_state is not None else empty)
+
+
+for _device in ("cpu", "cuda"):
+    torch.library.impl("linrec::selective_scan", _device)(_forward)
+    torch.library.impl("linrec::selective_scan_backward", _device)(_backward)
+
+
+@torch.library.register_fake("linrec::selective_scan")
+def fake_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                        initial_state=None):
+    """``out`` as ``empty_like(u)`` (as the kernels allocate it), ``last_state`` ``(B, D, N)``."""
+    check_selective_scan_args(_OP, u, delta, A, B, C, D, z, delta_bias, initial_state)
+    return torch.empty_like(u), u.new_empty((u.shape[0], u.shape[1], A.shape[1]), dtype=compute_dtype(u.dtype))
+
+
+@torch.library.register_fake("linrec::selective_scan_backward")
+def fake_selective_scan_backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                                 initial_state):
+    """Gradients shaped like their inputs (empty for absent optional inputs)."""
+    check_selective_scan_backward_args(_BWD, grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias,
+                                       initial_state)
+
+    def like(t):
+        return u.new_empty(0) if t is None else torch.empty_like(t)
+    return tuple(like(t) for t in (u, delta, A, B, C, D, z, delta_bias, initial_state))
+
+
+def _setup_context(ctx, inputs, output):
+    u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state = inputs
+    ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, initial_state)
+    ctx.delta_softplus = delta_softplus
+
+
+def _grad(ctx, grad_out, grad_last):
+    u, delta, A, B, C, D, z, delta_bias, initial_state = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(u)
+    grads = torch.ops.linrec.selective_scan_backward(grad_out, grad_last, u, delta, A, B, C, D, z, delta_bias,
+                                                     ctx.delta_softplus, initial_state)
+    du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
+    return (du, ddelta, dA, dB, dC, dD if D is not None else None, dz if z is not None else None,
+            dbias if delta_bias is not None else None, None, dh0 if initial_state is not None else None)
+
+
+torch.library.register_autograd("linrec::selective_scan", _grad, setup_context=_setup_context)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("linrec.selective_scan: second-order gradients (double backward) are not supported; "
+                       "the backward is a fused kernel without a derivative")
+
+
+def _setup_backward(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd("linrec::selective_scan_backward", _no_double_backward,
+                                setup_context=_setup_backward)
