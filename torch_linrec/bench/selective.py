@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one small case, short timing (a smoke test)")
     p.add_argument("--out", type=Path, default=None, help="folder for the CSV (default: none written)")
     p.add_argument("--impls", default=None, help="comma-separated subset of the implementations")
+    p.add_argument("--cases", default=None, help="comma-separated subset of the cases")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     timer = make_timer(device, quick=args.quick)
@@ -159,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.impls:
         impls = {k: v for k, v in impls.items() if k in args.impls.split(",")}
     cases = QUICK if args.quick or device.type == "cpu" else CASES
+    if args.cases:
+        cases = [c for c in cases if c.name in args.cases.split(",")]
     print(f"selective scan on {device_name(device)}; ratio = the fewest bytes at torch.add speed / time")
     rows = []
     for case in cases:
@@ -167,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             torch._dynamo.reset()
             if isinstance(fn, tuple):
                 from ..compile import fusion_stats
-                before = fusion_stats()
+                before = fusion_stats().get("selective_scan_fusion", 0)
                 with pass_ctx():
                     row = run_case(case, name, fn[1], device, timer, add_bw)
-                row["rewrites"] = fusion_stats() - before
+                row["rewrites"] = fusion_stats().get("selective_scan_fusion", 0) - before
             else:
                 row = run_case(case, name, fn, device, timer, add_bw)
             rows.append(row)

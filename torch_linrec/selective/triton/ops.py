@@ -26,17 +26,19 @@ def _pow2(n: int) -> int:
 def tiles(dim: int, nstate: int, dpg: int, channels_contiguous: bool, backward: bool) -> dict:
     """``BLOCK_D``, ``BLOCK_N``, ``CHUNK`` and ``num_warps`` of a problem.
 
-    A chunk's tile holds about 4096 (forward) or 2048 (backward: about six tiles live at once)
-    elements: 32 per thread of 4 warps, which keeps the scans in registers. ``BLOCK_D`` divides the
-    channels per group (a block reads one group's B and C); when channels are contiguous in memory
-    (the ``(B, L, D)`` layout) it is widened to 16 so a step's loads are 32-64 bytes wide.
+    A chunk's tile holds about 1024 elements (8 per thread of 4 warps): on the H100 at the
+    mamba-370m shape (N = 16) the sweep of bench/NOTES.md found (BLOCK_D, CHUNK) = (2, 32) fastest in
+    both directions, larger tiles slower (the scans along the chunk are the cost). ``BLOCK_D``
+    divides the channels per group (a block reads one group's B and C); when channels are
+    contiguous in memory (the ``(B, L, D)`` layout) it is widened to 8 so a step's loads span
+    several channels.
     """
     block_n = max(2, _pow2(nstate))
-    budget = 2048 if backward else 4096
-    chunk = max(8, min(64, budget // block_n))
+    budget = 1024
+    chunk = max(8, min(32, budget // block_n))
     block_d = max(1, budget // (block_n * chunk))
     if channels_contiguous:
-        block_d = max(block_d, min(16, budget // (block_n * 8)))
+        block_d = max(block_d, min(8, budget // (block_n * 8)))
         chunk = max(8, budget // (block_n * block_d))
     block_d = min(block_d, _pow2(dim))
     while dpg % block_d:
