@@ -267,3 +267,27 @@ def test_selective_scan_fn_drop_in_and_state_update():
     y, new = torch_linrec.selective_state_update(last, u[:, :, 0], delta[:, :, 0], A, B[:, :, 0], C[:, :, 0],
                                                  inplace=False)
     assert not torch.equal(new, last) and y.shape == (2, 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fake_kernels_give_the_real_strides(device):
+    """Fake outputs have the real outputs' shapes, dtypes and strides (Inductor asserts them), for
+    transposed B and C, a non-dense u and the (B, L, D) layout."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    args = list(make("var-all", dtype=dtype, device=device, layout="BLD", length=11))
+    args[3] = args[3].transpose(1, 2).contiguous().transpose(1, 2)
+    args[4] = args[4].transpose(1, 2).contiguous().transpose(1, 2)
+    args[0] = torch.cat([args[0], args[0]], dim=2)[:, :, ::2]  # not dense
+    tensors = [t for t in args if isinstance(t, torch.Tensor)]
+    grad_out = torch.randn_like(args[0])
+    real = torch.ops.linrec.selective_scan(*args[:9], args[9])
+    real_bwd = torch.ops.linrec.selective_scan_backward(grad_out, None, *args[:8], args[8], args[9])
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fargs = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in args]
+        fake = torch.ops.linrec.selective_scan(*fargs[:9], fargs[9])
+        fake_bwd = torch.ops.linrec.selective_scan_backward(mode.from_tensor(grad_out), None, *fargs[:8], fargs[8],
+                                                            fargs[9])
+    for i, (r, f) in enumerate(zip(list(real) + list(real_bwd), list(fake) + list(fake_bwd))):
+        assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride()), i
+    assert len(tensors) == 9

@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_linrec tune",
                                 description="Tune the kernel configs of every backend on this GPU and write the "
                                             "tuned config cache (see torch_linrec.configs).")
-    p.add_argument("--quick", action="store_true", help=f"only the main job's buckets, short timings (< 2 min)")
+    p.add_argument("--quick", action="store_true", help="only the main job's buckets, short timings (< 2 min)")
     p.add_argument("--cases", nargs="+", metavar="NAME",
                    help="tuning problems (space or comma separated); default all: "
                         + ", ".join(q.name for q in PROBLEMS))

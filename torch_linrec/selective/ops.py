@@ -101,13 +101,17 @@ def fake_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delt
 @torch.library.register_fake("linrec::selective_scan_backward")
 def fake_selective_scan_backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                  initial_state):
-    """Gradients shaped like their inputs (empty for absent optional inputs)."""
+    """Gradients shaped like their inputs (empty for absent optional inputs), with the kernels' strides."""
     check_selective_scan_backward_args(_BWD, grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias,
                                        initial_state)
 
-    def like(t):
+    def like(t):  # du, ddelta, dz: empty_like their input, as the kernels allocate them
         return u.new_empty(0) if t is None else torch.empty_like(t)
-    return tuple(like(t) for t in (u, delta, A, B, C, D, z, delta_bias, initial_state))
+
+    def dense(t):  # the other gradients come from contiguous float32 accumulators
+        return u.new_empty(0) if t is None else t.new_empty(t.shape)
+    return (like(u), like(delta), dense(A), dense(B), dense(C), dense(D), like(z), dense(delta_bias),
+            dense(initial_state))
 
 
 def _setup_context(ctx, inputs, output):

@@ -47,15 +47,14 @@ def tiles(dim: int, nstate: int, dpg: int, channels_contiguous: bool, backward: 
 
 
 def _like(t: torch.Tensor | None) -> tuple:
-    """``(t, empty_like(t))`` with equal strides: for a tensor whose strides are not dense (where
-    empty_like picks its own), ``t`` is made contiguous first. The backward stores a gradient with
-    its input's strides."""
+    """``(t', g)``: ``g = empty_like(t)`` (the strides the fake kernel gives a gradient) and ``t'``
+    equal to ``t`` with ``g``'s strides (a copy only where ``t``'s strides are not dense), so the
+    backward stores a gradient with the strides of the input it reads."""
     if t is None:
         return None, None
     g = torch.empty_like(t)
     if g.stride() != t.stride():
-        t = t.contiguous()
-        g = torch.empty_like(t)
+        t = torch.empty_like(t).copy_(t)
     return t, g
 
 
