@@ -152,13 +152,15 @@ TORCH_LIBRARY(linrec, m) {
       "selective_scan_backward(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
       "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // The CPU kernels behind them (csrc/selective/cpu), called after the Python checks with B, C as
-  // (D, N) or (B, G, N, L) in u's dtype and A, D, delta_bias, initial_state in the compute dtype.
+  // The kernels behind them (csrc/selective/cpu, csrc/selective/cuda), called after the Python
+  // checks with A, D, delta_bias, initial_state in the compute dtype. CPU: B, C (D, N) or
+  // (B, G, N, L) in u's dtype; CUDA: (B, G, N, L) in u's dtype or float32. states_per_thread is a
+  // launch hint of the CUDA forward kernel (0: its default; 4, 8 or 16), ignored on CPU.
   m.def(
-      "_selective_scan_fwd_cpu(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
-      "Tensor? delta_bias, bool delta_softplus, Tensor? initial_state) -> (Tensor, Tensor)");
+      "_selective_scan_fwd(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
+      "Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, int states_per_thread=0) -> (Tensor, Tensor)");
   m.def(
-      "_selective_scan_bwd_cpu(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
-      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state) "
-      "-> Tensor[]");
+      "_selective_scan_bwd(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
+      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, "
+      "int states_per_thread=0) -> Tensor[]");
 }

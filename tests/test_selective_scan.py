@@ -3,8 +3,9 @@ against the float64 reference (torch_linrec/selective/reference.py), for each B/
 without D, z, delta_bias/softplus and initial_state, odd lengths, L = 0 and 1, the (B, L, D) strided
 layout; gradcheck, opcheck, torch.compile, errors, the drop-in API and the decoding step.
 
-Devices: the CPU kernel always; the Triton kernels on CUDA, and on the CPU under
-``TRITON_INTERPRET=1`` (called through their launchers, small shapes).
+Devices: the CPU kernel always; on CUDA the op (small problems run the Triton kernels), the CUDA C++
+kernels through the internal ops, and the Triton kernels on the CPU under ``TRITON_INTERPRET=1``
+(called through their launchers, small shapes).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch._dynamo
 import torch._dynamo.testing
 
 import torch_linrec
-from conftest import CUDA_MARKS
+from conftest import CUDA_MARKS, requires_cuda
 from torch_linrec.selective import selective_scan_ref
 from torch_linrec.selective.ops import _kernel_args
 
@@ -154,6 +155,36 @@ def test_large_state_and_float32_B_with_bf16_u(device):
     _check_against_reference(lambda t, go, gl: _run_op(t, go, gl, args[8]), args, torch.bfloat16)
 
 
+def _kernel_grads(grads, tensors):
+    """The internal ops' 9 gradients as ``_check_against_reference`` takes them (None when absent)."""
+    u, delta, A, B, C, D, z, bias, h0 = tensors
+    du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
+    squeeze = [g.squeeze(1) if t.dim() == 3 else g for g, t in ((dB, B), (dC, C))]
+    return [du, ddelta, dA, *squeeze, dD if D is not None else None, dz if z is not None else None,
+            dbias if bias is not None else None, dh0 if h0 is not None else None]
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("variant,dim", [("var", 37), ("var-D-z-bias", 37), ("var-all", 130), ("grp-all", 4)])
+@pytest.mark.parametrize("layout", ["BDL", "BLD"])
+@pytest.mark.parametrize("nstate", [1, 16, 33, 100, 256])
+@pytest.mark.parametrize("length", [1, 45, 70])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_kernels(variant, dim, layout, nstate, length, dtype):
+    """The CUDA C++ kernels through the internal ops (the op itself routes small problems to Triton):
+    every launch shape (N padded to 16..256), lengths across tiles, channels not filling a block."""
+    args = make(variant, dtype=dtype, device="cuda", layout=layout, length=length, dim=dim, nstate=nstate)
+
+    def run(tensors, grad_out, grad_last):
+        kargs = _kernel_args(*tensors, same_bc_dtype=False)
+        out, last = torch.ops.linrec._selective_scan_fwd(*kargs[:8], args[8], kargs[8])
+        grads = torch.ops.linrec._selective_scan_bwd(grad_out.to("cuda", dtype), grad_last.float().cuda(),
+                                                      *kargs[:8], args[8], kargs[8])
+        return out, last, _kernel_grads(grads, tensors)
+    _check_against_reference(run, args, dtype)
+
+
 @pytest.mark.skipif(not (HAS_TRITON and INTERPRET), reason="needs triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("variant", ["var-all", "ti-D-z", "grp-all", "mixed-bias-h0"])
 @pytest.mark.parametrize("layout", ["BDL", "BLD"])
@@ -167,10 +198,7 @@ def test_triton_kernels_interpreted(variant, layout):
         kargs = _kernel_args(u, delta, A, B, C, D, z, bias, h0, same_bc_dtype=False)
         out, last = tops.selective_scan_fwd(*kargs[:8], args[8], kargs[8])
         grads = tops.selective_scan_bwd(grad_out.float(), grad_last.float(), *kargs[:8], args[8], kargs[8])
-        du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
-        squeeze = [g.squeeze(1) if t.dim() == 3 else g for g, t in ((dB, B), (dC, C))]
-        return out, last, [du, ddelta, dA, *squeeze, dD if D is not None else None, dz if z is not None else None,
-                           dbias if bias is not None else None, dh0 if h0 is not None else None]
+        return out, last, _kernel_grads(grads, tensors)
     _check_against_reference(run, args, torch.float32)
 
 

@@ -1,8 +1,10 @@
 """Registration of ``linrec::selective_scan`` and ``linrec::selective_scan_backward`` beside their
 schemas (csrc/module.cpp): the CPU and CUDA implementations, the fake kernels and autograd, each once.
 
-CPU: the C++ kernels (csrc/selective/cpu) through the internal ops ``linrec::_selective_scan_*_cpu``.
-CUDA: the Triton kernels (torch_linrec/selective/triton), loaded on first use. Both implementations
+CPU: the C++ kernels (csrc/selective/cpu) through the internal ops ``linrec::_selective_scan_fwd``/``_bwd``.
+CUDA: the CUDA C++ kernels (csrc/selective/cuda) through the same internal ops for input-dependent B
+and C and N <= 256; the Triton kernels (torch_linrec/selective/triton, loaded on first use) for
+time-invariant B or C, and where the extension was built without CUDA. Both implementations
 run the checks of :mod:`.checks` and normalize B and C (``(B, N, L)`` becomes one group,
 ``(B, 1, N, L)``) and the float parameters (A, D, delta_bias, initial_state) to the compute dtype.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _library  # noqa: F401  (loads the library that defines the linrec ops)
+from .. import _library
 from .checks import check_selective_scan_args, check_selective_scan_backward_args
 from .reference import compute_dtype
 
@@ -39,6 +41,23 @@ def _triton_ops():
     return ops
 
 
+_CUDA_MAX_STATE = 256  # csrc/selective/cuda/selective_scan_cuda.cpp
+# The CUDA kernels walk L sequentially, one thread per (channel, 4-16 states): below about this many
+# (channel, state) pairs they leave the GPU short of threads and Triton's chunked scan is faster
+# (H100: 1 x 1536 channels x N 16 ran 0.67 ms CUDA vs 0.38 ms Triton; 2048 x N 64, 1.7 vs 3.5 ms).
+_CUDA_MIN_STATES = 65536
+
+
+def _native(u, A, B, C) -> bool:
+    """Whether the C++ kernels run this call: always on CPU; on CUDA for input-dependent B and C and
+    enough (channel, state) pairs to fill the GPU (else the Triton kernels)."""
+    if u.device.type == "cpu":
+        return True
+    nstate = A.shape[1]
+    return (_library.HAS_CUDA_KERNELS and B.dim() > 2 and C.dim() > 2 and nstate <= _CUDA_MAX_STATE
+            and u.shape[0] * u.shape[1] * nstate >= _CUDA_MIN_STATES)
+
+
 def _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype: bool):
     """The arguments as the kernels take them (module docs). ``same_bc_dtype``: the kernel reads B
     and C in u's dtype (the CPU kernel), so mixed dtypes run everything in the compute dtype."""
@@ -54,8 +73,8 @@ def _forward(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=
     check_selective_scan_args(_OP, u, delta, A, B, C, D, z, delta_bias, initial_state)
     cpu = u.device.type == "cpu"
     args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
-    if cpu:
-        out, last = torch.ops.linrec._selective_scan_fwd_cpu(*args[:7], args[7], delta_softplus, args[8])
+    if _native(u, A, B, C):
+        out, last = torch.ops.linrec._selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8])
     else:
         ops = _triton_ops()
         if A.shape[1] > ops.MAX_STATE:
@@ -71,9 +90,9 @@ def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, de
     args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
     grad_out = grad_out.to(args[0].dtype)
     grad_last_state = _to(grad_last_state, compute_dtype(u.dtype))
-    if cpu:
-        grads = torch.ops.linrec._selective_scan_bwd_cpu(grad_out, grad_last_state, *args[:7], args[7],
-                                                          delta_softplus, args[8])
+    if _native(u, A, B, C):
+        grads = torch.ops.linrec._selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7],
+                                                      delta_softplus, args[8])
     else:
         grads = _triton_ops().selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7], delta_softplus,
                                                  args[8])

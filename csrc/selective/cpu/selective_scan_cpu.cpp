@@ -1,5 +1,5 @@
 // CPU kernels of the selective scan (linrec::selective_scan): the internal ops
-// linrec::_selective_scan_fwd_cpu and linrec::_selective_scan_bwd_cpu, called by the op's CPU
+// linrec::_selective_scan_fwd and linrec::_selective_scan_bwd on CPU, called by the op's CPU
 // implementation in torch_linrec/selective/ops.py after its argument checks, with A, D,
 // delta_bias and initial_state already in the compute dtype (float32, float64 for float64) and B, C
 // in u's dtype as (D, N) (time-invariant) or (batch, G, N, L) (input-dependent, G groups of
@@ -280,7 +280,8 @@ std::vector<Tensor> backward_impl(const Tensor& grad_out, const OptTensor& grad_
 std::tuple<Tensor, Tensor> selective_scan_fwd_cpu(const Tensor& u, const Tensor& delta, const Tensor& A,
                                                   const Tensor& B, const Tensor& C, const OptTensor& D,
                                                   const OptTensor& z, const OptTensor& delta_bias,
-                                                  bool delta_softplus, const OptTensor& initial) {
+                                                  bool delta_softplus, const OptTensor& initial,
+                                                  int64_t /*states_per_thread: a CUDA launch hint*/) {
   std::tuple<Tensor, Tensor> out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, u.scalar_type(), "selective_scan_fwd_cpu", [&] {
     out = forward_impl<scalar_t>(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial);
@@ -291,7 +292,8 @@ std::tuple<Tensor, Tensor> selective_scan_fwd_cpu(const Tensor& u, const Tensor&
 std::vector<Tensor> selective_scan_bwd_cpu(const Tensor& grad_out, const OptTensor& grad_last, const Tensor& u,
                                            const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
                                            const OptTensor& D, const OptTensor& z, const OptTensor& delta_bias,
-                                           bool delta_softplus, const OptTensor& initial) {
+                                           bool delta_softplus, const OptTensor& initial,
+                                           int64_t /*states_per_thread: a CUDA launch hint*/) {
   std::vector<Tensor> out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, u.scalar_type(), "selective_scan_bwd_cpu", [&] {
     out = backward_impl<scalar_t>(grad_out, grad_last, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial);
@@ -302,8 +304,8 @@ std::vector<Tensor> selective_scan_bwd_cpu(const Tensor& grad_out, const OptTens
 }  // namespace
 
 TORCH_LIBRARY_IMPL(linrec, CPU, m) {
-  m.impl("_selective_scan_fwd_cpu", &selective_scan_fwd_cpu);
-  m.impl("_selective_scan_bwd_cpu", &selective_scan_bwd_cpu);
+  m.impl("_selective_scan_fwd", &selective_scan_fwd_cpu);
+  m.impl("_selective_scan_bwd", &selective_scan_bwd_cpu);
 }
 
 }  // namespace linrec

@@ -1,0 +1,69 @@
+// Template instantiation of the selective-scan kernels for one dtype (included by one .cu each).
+#pragma once
+#include <numeric>
+
+#include "launch.h"
+#include "selective_scan.cuh"
+
+namespace linrec {
+namespace selective {
+
+template <typename T, int SPT, int TPC, bool kBackward>
+cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStream_t stream) {
+  constexpr int CPB = kThreads / TPC;
+  // Blocks stay inside one segment of channels sharing their B and C groups.
+  const int64_t groups = std::lcm(p.groups_b, p.groups_c);
+  const Groups grp{p.groups_b, p.groups_c, p.dim / groups};
+  const int64_t blocks = p.batch * groups * ((grp.segment + CPB - 1) / CPB);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if (blocks == 0) return cudaSuccess;
+  constexpr int smem = kBackward ? backward_smem<SPT, TPC>() : forward_smem<SPT, TPC>();
+  const void* kernel;
+  if constexpr (kBackward) kernel = reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC>);
+  else kernel = reinterpret_cast<const void*>(&forward_kernel<T, SPT, TPC>);
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+  }
+  if constexpr (kBackward) backward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp);
+  else forward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp, launch.vector_loads);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t dispatch(const SelectiveParams& p, const SelectiveLaunch& launch, bool backward, cudaStream_t stream) {
+  const int spt = launch.states_per_thread;
+  const int64_t tpc = p.nstate_pad / spt;
+#define LINREC_SELECTIVE_CASE(SPT, TPC) \
+  if (spt == SPT && tpc == TPC) return run<T, SPT, TPC, false>(p, launch, stream);
+#define LINREC_SELECTIVE_BWD_CASE(SPT, TPC) \
+  if (spt == SPT && tpc == TPC) return run<T, SPT, TPC, true>(p, launch, stream);
+  if (backward) {
+    LINREC_SELECTIVE_BWD_CASE(4, 4)
+    LINREC_SELECTIVE_BWD_CASE(4, 8)
+    LINREC_SELECTIVE_BWD_CASE(4, 16)
+    LINREC_SELECTIVE_BWD_CASE(4, 32)
+    LINREC_SELECTIVE_BWD_CASE(8, 32)
+  } else {
+    LINREC_SELECTIVE_CASE(16, 1)
+    LINREC_SELECTIVE_CASE(16, 2)
+    LINREC_SELECTIVE_CASE(16, 4)
+    LINREC_SELECTIVE_CASE(16, 8)
+    LINREC_SELECTIVE_CASE(16, 16)
+    LINREC_SELECTIVE_CASE(8, 2)
+    LINREC_SELECTIVE_CASE(8, 4)
+    LINREC_SELECTIVE_CASE(8, 8)
+    LINREC_SELECTIVE_CASE(8, 16)
+    LINREC_SELECTIVE_CASE(8, 32)
+    LINREC_SELECTIVE_CASE(4, 4)
+    LINREC_SELECTIVE_CASE(4, 8)
+    LINREC_SELECTIVE_CASE(4, 16)
+    LINREC_SELECTIVE_CASE(4, 32)
+  }
+#undef LINREC_SELECTIVE_CASE
+#undef LINREC_SELECTIVE_BWD_CASE
+  return cudaErrorInvalidConfiguration;
+}
+
+}  // namespace selective
+}  // namespace linrec

@@ -1,0 +1,55 @@
+// Arguments of the CUDA selective-scan kernels (torch-free: host code fills it from tensors).
+//
+// u, delta, z, out and their gradients are (batch, dim, len) with any int64 strides. B and C come
+// transposed and padded by the host: (batch, groups, len, nstate_pad) float32 contiguous, so the
+// states a thread owns at one step are adjacent (vector loads, the same address for every channel
+// of a group). A2 = A * log2(e), zero-padded to (dim, nstate_pad): padded states keep h = 0.
+#pragma once
+#include <cstdint>
+
+namespace linrec {
+
+struct Strided3 {  // a (batch, dim, len) tensor
+  void* p = nullptr;
+  int64_t sb = 0, sd = 0, sl = 0;
+};
+
+struct SelectiveParams {
+  int64_t batch = 0, dim = 0, len = 0, nstate = 0, nstate_pad = 0;
+  int64_t groups_b = 1, groups_c = 1;  // channel groups of B and of C (each divides dim)
+  bool softplus = false;
+  Strided3 u, delta, z, out;       // z.p null: no gating
+  const float* B = nullptr;        // (batch, groups_b, len, nstate_pad)
+  const float* C = nullptr;        // (batch, groups_c, len, nstate_pad)
+  const float* A2 = nullptr;       // (dim, nstate_pad)
+  const float* D = nullptr;        // (dim) or null
+  const float* delta_bias = nullptr;
+  const float* h0 = nullptr;       // (batch, dim, nstate) contiguous, or null
+  float* last = nullptr;           // (batch, dim, nstate) contiguous, or null
+  float* ckpt = nullptr;           // (batch, dim, nchunks, nstate_pad): the state after each chunk, or null
+  int64_t chunk = 64;              // steps per tile: selective_tile_steps(nstate_pad)
+  // Backward only.
+  Strided3 dout, du, ddelta, dz;   // dz.p null when z is
+  const float* dlast = nullptr;    // (batch, dim, nstate) contiguous, or null
+  float* dA = nullptr;             // (dim, nstate_pad), accumulated with atomics (zeroed by the host)
+  float* dB = nullptr;             // like B, accumulated with atomics (zeroed by the host)
+  float* dC = nullptr;             // like C
+  float* dD = nullptr;             // (dim) or null, accumulated
+  float* ddelta_bias = nullptr;    // (dim) or null, accumulated
+  float* dh0 = nullptr;            // (batch, dim, nstate) contiguous, or null
+};
+
+// Steps per tile: the kernels stage a tile's B and C in shared memory (double-buffered: 4 x tile x
+// nstate_pad floats, 64 KiB at most), and the backward checkpoints the states after every tile.
+constexpr int64_t selective_tile_steps(int64_t nstate_pad) { return nstate_pad <= 128 ? 32 : 16; }
+
+enum class SelectiveDType : int { kFloat32, kFloat16, kBFloat16 };
+
+// Launch shape: `states_per_thread` states of one channel per thread, nstate_pad / states_per_thread
+// threads per channel (a power of two, at most 32: one warp).
+struct SelectiveLaunch {
+  int states_per_thread = 16;
+  bool vector_loads = false;  // u, delta, z, out have unit step stride and 16-byte aligned rows
+};
+
+}  // namespace linrec

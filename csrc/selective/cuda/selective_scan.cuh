@@ -1,0 +1,587 @@
+// CUDA kernels of the selective scan (linrec::selective_scan; math in
+// torch_linrec/selective/reference.py, after Gu & Dao 2023, "Mamba", Algorithm 2):
+//   dt[l] = softplus(delta[l] + bias),  h[n,l] = exp(dt A[n]) h[n,l-1] + dt B[n,l] u[l],
+//   y[l] = sum_n C[n,l] h[n,l] + D u[l],  out[l] = y[l] silu(z[l]).
+//
+// One pass over L per channel: a thread owns SPT states of one (batch, channel) row and walks the
+// steps in order, its states in registers; the TPC = NP / SPT threads of a channel are adjacent
+// lanes and sum y over their states with shuffles. A block's channels share their B and C rows
+// (one group of each), so B and C are staged per tile of TS steps in shared memory with cp.async,
+// the next tile in flight while the block computes the current one. The forward reads u, delta, z
+// as 32-byte groups of steps per thread, the next group in flight.
+//
+// Backward: the forward kernel first stores the state after every tile (the only (batch, dim,
+// L / TS, N) buffer). The backward kernel walks tiles from the last: it stages the block's rows of
+// u, delta, z and the output gradient in shared memory, recomputes the states entering each 16-step
+// sub-chunk, then for each sub-chunk from the last recomputes its 16 states into registers and
+// runs the adjoint g[n,l] = C[n,l] dy[l] + exp(dt[l+1] A[n]) g[n,l+1] backwards. dB and dC sum over
+// the channels of a group: the lanes of a warp reduce-scatter them with shuffles, the warps of a
+// block add into shared memory, and each block adds its sub-chunk to global memory with vector
+// atomics.
+#pragma once
+#include "../../linrec/cuda/scan_common.cuh"  // to_float, from_float
+#include "params.h"
+
+namespace linrec {
+namespace selective {
+
+constexpr int kThreads = 128;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// log(1 + e^x) to float32 accuracy with fast exp/log: the series below e^x < 2^-6.
+__device__ __forceinline__ float softplus(float x) {
+  if (x > 20.f) return x;
+  const float e = __expf(x);
+  return x > -4.f ? __logf(1.f + e) : e * (1.f - e * (0.5f - e * (1.f / 3.f)));
+}
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+
+template <typename T>
+__device__ __forceinline__ T* row(const Strided3& t, int64_t b, int64_t d) {
+  return static_cast<T*>(t.p) + b * t.sb + d * t.sd;
+}
+
+template <typename T> __device__ __forceinline__ uint32_t bits(T v);
+template <> __device__ __forceinline__ uint32_t bits<float>(float v) { return __float_as_uint(v); }
+template <> __device__ __forceinline__ uint32_t bits<__half>(__half v) { return __half_as_ushort(v); }
+template <> __device__ __forceinline__ uint32_t bits<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+
+template <typename T> __device__ __forceinline__ float from_bits(uint32_t w);
+template <> __device__ __forceinline__ float from_bits<float>(uint32_t w) { return __uint_as_float(w); }
+template <> __device__ __forceinline__ float from_bits<__half>(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w)));
+}
+template <> __device__ __forceinline__ float from_bits<__nv_bfloat16>(uint32_t w) { return __uint_as_float(w << 16); }
+
+// The raw bits of one element, loaded as an integer: cuda_bf16.h converts with inline asm, which
+// would make each load complete before the next is issued; converting later (from_bits) keeps a
+// thread's loads in flight together.
+template <typename T>
+__device__ __forceinline__ uint32_t load_bits(const T* p) {
+  if constexpr (sizeof(T) == 2) return __ldg(reinterpret_cast<const unsigned short*>(p));
+  else return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+
+// 32 bytes of consecutive steps of one row (V steps), as raw words.
+template <typename T>
+struct Steps {
+  static constexpr int V = 32 / sizeof(T);
+  static constexpr int kPerWord = 4 / sizeof(T);
+  uint32_t w[8];
+
+  // Steps l .. l+V-1 (zero past len); `vec`: unit stride and 16-byte aligned rows.
+  __device__ __forceinline__ void load(const T* r, int64_t sl, int64_t l, int64_t len, bool vec) {
+    if (vec && l + V <= len) {
+      const uint4* p = reinterpret_cast<const uint4*>(r + l);
+      const uint4 a = __ldg(p), b = __ldg(p + 1);
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int j = 0; j < kPerWord; ++j) {
+        const int64_t s = l + k * kPerWord + j;
+        if (s < len) word |= load_bits<T>(r + s * sl) << (16 * j);
+      }
+      w[k] = word;
+    }
+  }
+  __device__ __forceinline__ float operator[](int i) const {
+    return from_bits<T>(kPerWord == 1 ? w[i] : (w[i / kPerWord] >> (16 * (i % kPerWord))) & 0xffffu);
+  }
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void store_steps(T* r, int64_t sl, int64_t l, int64_t len, bool vec, const float (&v)[V]) {
+  if (vec && l + V <= len) {
+    uint32_t w[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      w[k] = 0;
+#pragma unroll
+      for (int j = 0; j < 4 / static_cast<int>(sizeof(T)); ++j)
+        w[k] |= bits<T>(from_float<T>(v[k * (4 / sizeof(T)) + j])) << (16 * j);
+    }
+    uint4* p = reinterpret_cast<uint4*>(r + l);
+    p[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    p[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (l + i < len) r[(l + i) * sl] = from_float<T>(v[i]);
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool full) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Starts copying steps [t0, t0 + TS) of the block's B and C rows ((len, NP) float32, contiguous)
+// into `dst` (B then C, TS x NP floats each); steps past len read as zero.
+template <int NP, int TS>
+__device__ __forceinline__ void stage_bc(float* dst, const float* B, const float* C, int64_t t0, int64_t len) {
+  constexpr int kVecs = TS * NP / 4;
+  for (int i = threadIdx.x; i < 2 * kVecs; i += kThreads) {
+    const int j = i < kVecs ? i : i - kVecs;
+    const int64_t step = t0 + (4 * j) / NP;
+    const float* src = (i < kVecs ? B : C) + t0 * NP + 4 * j;
+    const bool full = step < len;
+    cp_async16(dst + 4 * i, full ? src : B, full);
+  }
+  cp_async_commit();
+}
+
+// The SPT values of state n0 onwards at one step of a staged (TS, NP) tile.
+template <int SPT>
+__device__ __forceinline__ void states_at(const float* tile, float (&out)[SPT]) {
+#pragma unroll
+  for (int k = 0; k < SPT / 4; ++k) {
+    const float4 v = reinterpret_cast<const float4*>(tile)[k];
+    out[4 * k] = v.x, out[4 * k + 1] = v.y, out[4 * k + 2] = v.z, out[4 * k + 3] = v.w;
+  }
+}
+
+// Sum over the TPC adjacent lanes of a channel.
+template <int TPC>
+__device__ __forceinline__ float channel_sum(float v) {
+#pragma unroll
+  for (int m = 1; m < TPC; m *= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+struct Groups {
+  int64_t b, c, segment;  // groups of B, of C; channels in a segment (dim / lcm of both)
+};
+
+// The channel a thread works on. Blocks cover one (batch, segment) each, so that the block's
+// channels share their B and C rows.
+struct Channel {
+  int64_t b, d, row, first_d;  // row = b * dim + d; first_d: the block's first channel
+  int64_t gb, gc;              // groups of B and C
+  int count;                   // channels of the block inside the segment
+  bool valid;
+};
+
+template <int CPB>
+__device__ __forceinline__ Channel channel_of(const SelectiveParams& p, const Groups& grp) {
+  const int64_t blocks_per_seg = (grp.segment + CPB - 1) / CPB;
+  const int64_t seg = blockIdx.x / blocks_per_seg;
+  const int64_t first = (blockIdx.x - seg * blocks_per_seg) * CPB;
+  const int64_t groups = p.dim / grp.segment;
+  Channel c;
+  c.b = seg / groups;
+  c.first_d = (seg - c.b * groups) * grp.segment + first;
+  c.count = static_cast<int>(min(static_cast<int64_t>(CPB), grp.segment - first));
+  int in_block = threadIdx.x / (kThreads / CPB);
+  c.valid = in_block < c.count;
+  if (!c.valid) in_block = c.count - 1;  // computes a real channel's steps, stores nothing
+  c.d = c.first_d + in_block;
+  c.row = c.b * p.dim + c.d;
+  c.gb = c.d / (p.dim / grp.b);
+  c.gc = c.d / (p.dim / grp.c);
+  return c;
+}
+
+__device__ __forceinline__ float step_dt(float delta, float bias, bool sp) {
+  const float raw = delta + bias;
+  return sp ? softplus(raw) : raw;
+}
+
+template <typename T, int SPT, int TPC>
+__global__ void __launch_bounds__(kThreads) forward_kernel(const SelectiveParams p, const Groups grp, const bool vec) {
+  constexpr int V = Steps<T>::V, NP = SPT * TPC, TS = selective_tile_steps(NP), CPB = kThreads / TPC;
+  extern __shared__ __align__(16) float smem[];  // 2 buffers of (B, C) tiles
+  const Channel c = channel_of<CPB>(p, grp);
+  const int n0 = (threadIdx.x % TPC) * SPT;
+  const int64_t len = p.len;
+  float A2[SPT], h[SPT];
+#pragma unroll
+  for (int n = 0; n < SPT; ++n) {
+    A2[n] = p.A2[c.d * NP + n0 + n];
+    h[n] = p.h0 && n0 + n < p.nstate ? p.h0[c.row * p.nstate + n0 + n] : 0.f;
+  }
+  const float bias = p.delta_bias ? p.delta_bias[c.d] : 0.f, Dd = p.D ? p.D[c.d] : 0.f;
+  const T* ur = row<const T>(p.u, c.b, c.d);
+  const T* dr = row<const T>(p.delta, c.b, c.d);
+  const T* zr = p.z.p ? row<const T>(p.z, c.b, c.d) : nullptr;
+  T* outr = p.out.p ? row<T>(p.out, c.b, c.d) : nullptr;
+  const float* Bg = p.B + (c.b * grp.b + c.gb) * len * NP;
+  const float* Cg = p.C + (c.b * grp.c + c.gc) * len * NP;
+  const int64_t ntiles = (len + TS - 1) / TS;
+  Steps<T> su, sd, sz;
+  su.load(ur, p.u.sl, 0, len, vec);
+  sd.load(dr, p.delta.sl, 0, len, vec);
+  if (zr) sz.load(zr, p.z.sl, 0, len, vec);
+  if (ntiles > 0) stage_bc<NP, TS>(smem, Bg, Cg, 0, len);
+  for (int64_t k = 0; k < ntiles; ++k) {
+    const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
+    if (k + 1 < ntiles) {
+      stage_bc<NP, TS>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const float* sB = smem + (k % 2) * 2 * TS * NP + n0;
+    const float* sC = sB + TS * NP;
+    for (int64_t l0 = t0; l0 < t1; l0 += V) {
+      Steps<T> nu, nd, nz;
+      if (l0 + V < len) {
+        nu.load(ur, p.u.sl, l0 + V, len, vec);
+        nd.load(dr, p.delta.sl, l0 + V, len, vec);
+        if (zr) nz.load(zr, p.z.sl, l0 + V, len, vec);
+      }
+      float yv[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        yv[i] = 0.f;
+        if (l0 + i < len) {
+          const float u = su[i], dt = step_dt(sd[i], bias, p.softplus), dtu = dt * u;
+          float Bv[SPT], Cv[SPT];
+          states_at<SPT>(sB + (l0 - t0 + i) * NP, Bv);
+          states_at<SPT>(sC + (l0 - t0 + i) * NP, Cv);
+          float y = 0.f;
+#pragma unroll
+          for (int n = 0; n < SPT; ++n) {
+            h[n] = fmaf(exp2f(dt * A2[n]), h[n], dtu * Bv[n]);
+            y = fmaf(Cv[n], h[n], y);
+          }
+          y = fmaf(Dd, u, channel_sum<TPC>(y));
+          if (zr) {
+            const float zv = sz[i];
+            y *= zv * sigmoid(zv);
+          }
+          yv[i] = y;
+        }
+      }
+      if (outr && c.valid && n0 == 0) store_steps<T, V>(outr, p.out.sl, l0, len, vec, yv);
+      su = nu, sd = nd, sz = nz;
+    }
+    if (p.ckpt && t1 < len && c.valid) {
+      float* ck = p.ckpt + (c.row * ntiles + k) * NP + n0;
+#pragma unroll
+      for (int n = 0; n < SPT; ++n) ck[n] = h[n];
+    }
+    __syncthreads();  // the tile's buffer is refilled next iteration
+  }
+  if (p.last && c.valid)
+#pragma unroll
+    for (int n = 0; n < SPT; ++n)
+      if (n0 + n < p.nstate) p.last[c.row * p.nstate + n0 + n] = h[n];
+}
+
+// Reduce-scatter over the channels of a warp (lane bits from 16 down to TPC): each level halves
+// the values a lane holds, adding its partner's other half. Leaves NV / CPW values per lane: those
+// of original index `off` onwards.
+template <int CNT, int M, int TPC>
+__device__ __forceinline__ void reduce_scatter(float* v, int lane, int& off) {
+  if constexpr (M >= TPC) {
+    constexpr int H = CNT / 2;
+    const bool hi = lane & M;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const float send = hi ? v[i] : v[i + H];
+      const float keep = hi ? v[i + H] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, M);
+    }
+    off += hi ? H : 0;
+    reduce_scatter<H, M / 2, TPC>(v, lane, off);
+  }
+}
+
+// Element i of a block's (CPB, TS) tile of rows: consecutive threads walk the contiguous dim.
+template <int CPB, int TS>
+__device__ __forceinline__ void tile_pos(int i, bool steps_fast, int* ch, int* s) {
+  *ch = steps_fast ? i / TS : i % CPB;
+  *s = steps_fast ? i % TS : i / CPB;
+}
+
+// The backward's per-step tiles in shared memory, (CPB, TS + 1) floats each (padded: conflict-free
+// when a warp's channels read one step). Filled per tile from u, delta, z and the output gradient;
+// the slots of dt, u and dzf take ddelta, du and dz once their step is done.
+struct BackwardTiles {
+  float *dt, *u, *dy, *dzf, *dscale;  // dzf = dout silu'(z) (dz = y dzf); dscale = d dt / d delta
+};
+
+template <typename T, int CPB, int TS>
+__device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0,
+                                                    const BackwardTiles& tl) {
+  constexpr int kPer = (CPB * TS + kThreads - 1) / kThreads;
+  const bool steps_fast = p.u.sl == 1;
+  const bool has_z = p.z.p != nullptr;
+  uint32_t bu[kPer], bdelta[kPer], bdout[kPer], bz[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    int ch, s;
+    tile_pos<CPB, TS>(i, steps_fast, &ch, &s);
+    const bool in = i < CPB * TS && ch < c.count && t0 + s < p.len;
+    const int64_t d = c.first_d + ch, l = t0 + s;
+    bu[k] = in ? load_bits<T>(row<const T>(p.u, c.b, d) + l * p.u.sl) : 0u;
+    bdelta[k] = in ? load_bits<T>(row<const T>(p.delta, c.b, d) + l * p.delta.sl) : 0u;
+    bdout[k] = in ? load_bits<T>(row<const T>(p.dout, c.b, d) + l * p.dout.sl) : 0u;
+    bz[k] = in && has_z ? load_bits<T>(row<const T>(p.z, c.b, d) + l * p.z.sl) : 0u;
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    if (i >= CPB * TS) continue;
+    int ch, s;
+    tile_pos<CPB, TS>(i, steps_fast, &ch, &s);
+    const int at = ch * (TS + 1) + s;
+    const float u = from_bits<T>(bu[k]), delta = from_bits<T>(bdelta[k]);
+    const float dout = from_bits<T>(bdout[k]), z = from_bits<T>(bz[k]);
+    const float raw = delta + (p.delta_bias && ch < c.count ? p.delta_bias[c.first_d + ch] : 0.f);
+    tl.dt[at] = p.softplus ? softplus(raw) : raw;
+    tl.dscale[at] = p.softplus ? sigmoid(raw) : 1.f;
+    tl.u[at] = u;
+    if (has_z) {
+      const float sz = sigmoid(z);
+      tl.dy[at] = dout * z * sz;
+      tl.dzf[at] = dout * sz * (1.f + z * (1.f - sz));
+    } else {
+      tl.dy[at] = dout;
+    }
+  }
+}
+
+template <typename T, int CPB, int TS>
+__device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0,
+                                                     const BackwardTiles& tl) {
+  constexpr int kPer = (CPB * TS + kThreads - 1) / kThreads;
+  const bool steps_fast = p.u.sl == 1;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    int ch, s;
+    tile_pos<CPB, TS>(i, steps_fast, &ch, &s);
+    if (i >= CPB * TS || ch >= c.count || t0 + s >= p.len) continue;
+    const int64_t d = c.first_d + ch, l = t0 + s;
+    const int at = ch * (TS + 1) + s;
+    row<T>(p.du, c.b, d)[l * p.du.sl] = from_float<T>(tl.u[at]);
+    row<T>(p.ddelta, c.b, d)[l * p.ddelta.sl] = from_float<T>(tl.dt[at]);
+    if (p.dz.p) row<T>(p.dz, c.b, d)[l * p.dz.sl] = from_float<T>(tl.dzf[at]);
+  }
+}
+
+// Shared memory layout of the backward kernel, in floats: 2 buffers of (B, C) tiles, the five
+// per-step tiles, then the dB/dC sums of a sub-chunk: one (S, 2 NP) slice per warp for NP <= 64
+// (plain stores, summed at the flush), else one slice for the block (shared atomics).
+template <int SPT, int TPC>
+struct BackwardSmem {
+  static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
+  static constexpr int S = 8, kMaxSub = TS / S, kWarps = kThreads / 32;
+  static constexpr bool kWarpSlices = NP <= 64;
+  static constexpr int kRows = 4 * TS * NP, kTile = CPB * (TS + 1);
+  static constexpr int kSub = kRows + 5 * kTile;                          // sub-chunk entry states
+  static constexpr int kRed = ((kSub + kMaxSub * SPT * kThreads + 3) / 4) * 4;
+  static constexpr int kFloats = kRed + (kWarpSlices ? kWarps : 1) * S * 2 * NP;
+};
+
+template <typename T, int SPT, int TPC>
+__global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParams p, const Groups grp) {
+  using L = BackwardSmem<SPT, TPC>;
+  constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB;
+  constexpr int CPW = 32 / TPC, NV = 2 * SPT;
+  static_assert(NV >= CPW, "the reduce-scatter leaves at least one value per lane");
+  extern __shared__ __align__(16) float smem[];
+  const BackwardTiles tl{smem + L::kRows, smem + L::kRows + L::kTile, smem + L::kRows + 2 * L::kTile,
+                         smem + L::kRows + 3 * L::kTile, smem + L::kRows + 4 * L::kTile};
+  const Channel c = channel_of<CPB>(p, grp);
+  const int lane = threadIdx.x % 32, n0 = (threadIdx.x % TPC) * SPT, cl = threadIdx.x / TPC;
+  float* red = smem + L::kRed + (L::kWarpSlices ? (threadIdx.x / 32) * S * 2 * NP : 0);
+  const int64_t len = p.len;
+  float A2[SPT], g[SPT], a_next[SPT], dA[SPT];
+#pragma unroll
+  for (int n = 0; n < SPT; ++n) {
+    A2[n] = p.A2[c.d * NP + n0 + n];
+    g[n] = p.dlast && n0 + n < p.nstate ? p.dlast[c.row * p.nstate + n0 + n] : 0.f;
+    a_next[n] = 1.f;
+    dA[n] = 0.f;
+  }
+  const float Dd = p.D ? p.D[c.d] : 0.f;
+  const bool has_z = p.z.p != nullptr;
+  const int64_t bc_b = (c.b * grp.b + c.gb) * len * NP, bc_c = (c.b * grp.c + c.gc) * len * NP;
+  const float* Bg = p.B + bc_b;
+  const float* Cg = p.C + bc_c;
+  const int64_t ntiles = (len + TS - 1) / TS;
+  const float* r_dt = tl.dt + cl * (TS + 1);
+  const float* r_u = tl.u + cl * (TS + 1);
+  const float* r_dy = tl.dy + cl * (TS + 1);
+  float dD = 0.f, dbias = 0.f;
+
+  if (ntiles > 0) stage_bc<NP, TS>(smem + ((ntiles - 1) % 2) * 2 * TS * NP, Bg, Cg, (ntiles - 1) * TS, len);
+  for (int64_t k = ntiles - 1; k >= 0; --k) {
+    const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
+    const int nsub = static_cast<int>((t1 - t0 + S - 1) / S);
+    load_backward_tiles<T, CPB, TS>(p, c, t0, tl);
+    if (k > 0) {
+      stage_bc<NP, TS>(smem + ((k - 1) % 2) * 2 * TS * NP, Bg, Cg, t0 - TS, len);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const float* sB = smem + (k % 2) * 2 * TS * NP + n0;
+    const float* sC = sB + TS * NP;
+
+    // One step forward of the states a thread owns (s: step within the tile).
+    auto advance = [&](int s, float(&h)[SPT]) {
+      const float dt = r_dt[s], dtu = dt * r_u[s];
+      float Bv[SPT];
+      states_at<SPT>(sB + s * NP, Bv);
+#pragma unroll
+      for (int n = 0; n < SPT; ++n) h[n] = fmaf(exp2f(dt * A2[n]), h[n], dtu * Bv[n]);
+    };
+
+    // Pass 1: the states entering each sub-chunk, into shared memory (thread-major: conflict-free).
+    float* sub = smem + L::kSub + threadIdx.x;
+    {
+      float h[SPT];
+#pragma unroll
+      for (int n = 0; n < SPT; ++n) {
+        if (k > 0) h[n] = p.ckpt[(c.row * ntiles + k - 1) * NP + n0 + n];
+        else h[n] = p.h0 && n0 + n < p.nstate ? p.h0[c.row * p.nstate + n0 + n] : 0.f;
+      }
+#pragma unroll 1
+      for (int j = 0; j < nsub; ++j) {
+#pragma unroll
+        for (int n = 0; n < SPT; ++n) sub[(j * SPT + n) * kThreads] = h[n];
+        if (j + 1 < nsub)
+#pragma unroll
+          for (int t = 0; t < S; ++t) advance(j * S + t, h);
+      }
+    }
+#pragma unroll 1
+    for (int j = nsub - 1; j >= 0; --j) {
+      const int s0 = j * S;
+      float hs[S][SPT], h0s[SPT];
+      {
+        float h[SPT];
+#pragma unroll
+        for (int n = 0; n < SPT; ++n) h0s[n] = h[n] = sub[(j * SPT + n) * kThreads];
+#pragma unroll
+        for (int t = 0; t < S; ++t) {
+          if (t0 + s0 + t < t1) {
+            advance(s0 + t, h);
+            if (has_z) {  // dz = y silu'(z) dout, with y recomputed from the states
+              float Cv[SPT], y = 0.f;
+              states_at<SPT>(sC + (s0 + t) * NP, Cv);
+#pragma unroll
+              for (int n = 0; n < SPT; ++n) y = fmaf(Cv[n], h[n], y);
+              y = fmaf(Dd, r_u[s0 + t], channel_sum<TPC>(y));
+              if (n0 == 0) tl.dzf[cl * (TS + 1) + s0 + t] *= y;
+            }
+          }
+#pragma unroll
+          for (int n = 0; n < SPT; ++n) hs[t][n] = h[n];
+        }
+      }
+      if (!L::kWarpSlices) {
+        for (int i = threadIdx.x; i < S * 2 * NP; i += kThreads) red[i] = 0.f;
+        __syncthreads();
+      }
+#pragma unroll
+      for (int t = S - 1; t >= 0; --t) {
+        const int s = s0 + t;
+        if (t0 + s >= t1) {
+          if (L::kWarpSlices)
+            for (int i = lane; i < 2 * NP; i += 32) red[t * 2 * NP + i] = 0.f;
+          continue;
+        }
+        const float u = r_u[s], dt = r_dt[s], dtu = dt * u, dy = r_dy[s];
+        float Bv[SPT], Cv[SPT];
+        states_at<SPT>(sB + s * NP, Bv);
+        states_at<SPT>(sC + s * NP, Cv);
+        float v[NV], ddt_a = 0.f, dub = 0.f;
+#pragma unroll
+        for (int n = 0; n < SPT; ++n) {
+          const float hp = t > 0 ? hs[t > 0 ? t - 1 : 0][n] : h0s[n];
+          const float a = exp2f(dt * A2[n]);
+          g[n] = fmaf(a_next[n], g[n], dy * Cv[n]);
+          a_next[n] = a;
+          const float gah = g[n] * a * hp;
+          ddt_a = fmaf(gah, A2[n], ddt_a);  // times ln 2 below: A = A2 ln 2
+          dub = fmaf(g[n], Bv[n], dub);
+          dA[n] = fmaf(gah, dt, dA[n]);
+          v[n] = c.valid ? g[n] * dtu : 0.f;
+          v[SPT + n] = c.valid ? dy * hs[t][n] : 0.f;
+        }
+        const float sa = channel_sum<TPC>(ddt_a), sb = channel_sum<TPC>(dub);
+        const float ddelta = fmaf(sa, kLn2, sb * u) * tl.dscale[cl * (TS + 1) + s];
+        dD = fmaf(dy, u, dD);
+        dbias += ddelta;
+        __syncwarp();
+        if (n0 == 0) {  // the step's slots take its gradients
+          tl.u[cl * (TS + 1) + s] = fmaf(sb, dt, dy * Dd);
+          tl.dt[cl * (TS + 1) + s] = ddelta;
+        }
+        int off = 0;
+        reduce_scatter<NV, 16, TPC>(v, lane, off);
+#pragma unroll
+        for (int i = 0; i < NV / CPW; ++i) {
+          const int j2 = off + i;  // dB state n0 + j2, or dC state n0 + j2 - SPT
+          float* slot = &red[t * 2 * NP + (j2 < SPT ? n0 + j2 : NP + n0 + j2 - SPT)];
+          if (L::kWarpSlices) *slot = v[i];
+          else atomicAdd(slot, v[i]);
+        }
+      }
+      __syncthreads();
+      const float* red0 = smem + L::kRed;
+      for (int i = threadIdx.x; i < S * 2 * NP / 4; i += kThreads) {
+        const int t = (4 * i) / (2 * NP), col = (4 * i) % (2 * NP);
+        const int64_t l = t0 + s0 + t;
+        if (l >= t1) continue;
+        float4 val = reinterpret_cast<const float4*>(red0)[i];
+        if (L::kWarpSlices)
+#pragma unroll
+          for (int w = 1; w < L::kWarps; ++w) {
+            const float4 o = reinterpret_cast<const float4*>(red0 + w * S * 2 * NP)[i];
+            val.x += o.x, val.y += o.y, val.z += o.z, val.w += o.w;
+          }
+        float* dst = col < NP ? p.dB + bc_b + l * NP + col : p.dC + bc_c + l * NP + col - NP;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        atomicAdd(reinterpret_cast<float4*>(dst), val);
+#else
+        atomicAdd(dst, val.x);
+        atomicAdd(dst + 1, val.y);
+        atomicAdd(dst + 2, val.z);
+        atomicAdd(dst + 3, val.w);
+#endif
+      }
+      __syncthreads();  // the dB/dC slices are rewritten by the next sub-chunk
+    }
+    store_backward_tiles<T, CPB, TS>(p, c, t0, tl);
+    __syncthreads();  // the tiles and this tile's (B, C) buffer are refilled next iteration
+  }
+  if (!c.valid) return;
+#pragma unroll
+  for (int n = 0; n < SPT; ++n) {
+    if (n0 + n >= p.nstate) continue;
+    if (p.dh0) p.dh0[c.row * p.nstate + n0 + n] = a_next[n] * g[n];
+    atomicAdd(&p.dA[c.d * NP + n0 + n], dA[n]);
+  }
+  if (n0 == 0) {
+    if (p.dD) atomicAdd(&p.dD[c.d], dD);
+    if (p.ddelta_bias) atomicAdd(&p.ddelta_bias[c.d], dbias);
+  }
+}
+
+// Dynamic shared memory of each kernel, bytes.
+template <int SPT, int TPC>
+constexpr int forward_smem() {
+  return 4 * static_cast<int>(selective_tile_steps(SPT * TPC)) * SPT * TPC * 4;
+}
+template <int SPT, int TPC>
+constexpr int backward_smem() {
+  return BackwardSmem<SPT, TPC>::kFloats * 4;
+}
+
+}  // namespace selective
+}  // namespace linrec

@@ -1,0 +1,200 @@
+// CUDA implementation of the internal ops linrec::_selective_scan_fwd and _selective_scan_bwd,
+// called by linrec::selective_scan's CUDA implementation (torch_linrec/selective/ops.py) after
+// its argument checks, for input-dependent B and C ((batch, G, N, L), u's dtype or float32) and
+// N <= 256, with A, D, delta_bias and initial_state float32. Prepares what the kernels read (B, C
+// transposed to (batch, G, L, N_pad) float32; A2 = A log2(e) padded), picks the launch shape and
+// reduces the padded gradients back to the inputs' shapes.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../../common/errors.h"
+#include "launch.h"
+
+namespace linrec {
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+constexpr int64_t kMaxStates = 256;
+
+// States padded to a power of two, at least 16: the launch shapes' state counts.
+int64_t pad_states(int64_t n) {
+  int64_t p = 16;
+  while (p < n) p *= 2;
+  return p;
+}
+
+Strided3 strided(const Tensor& t) { return Strided3{t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
+
+// (batch, G, N, L) -> (batch, G, L, N_pad) float32 contiguous, padded states zero.
+Tensor step_major(const Tensor& t, int64_t np) {
+  const auto opts = t.options().dtype(at::kFloat);
+  const std::vector<int64_t> shape{t.size(0), t.size(1), t.size(3), np};
+  Tensor out = t.size(2) == np ? at::empty(shape, opts) : at::zeros(shape, opts);
+  out.narrow(3, 0, t.size(2)).copy_(t.transpose(2, 3));
+  return out;
+}
+
+bool rows_aligned(const Tensor& t) {
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  return t.stride(2) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.stride(0) * es) % 16 == 0 &&
+         (t.stride(1) * es) % 16 == 0;
+}
+
+// Forward: 8 states per thread (8 independent exp2s per step; 16 leave too few warps to hide the
+// loads, H100 sweep in bench/NOTES.md); 4 when the channels alone leave the SMs short of threads.
+int forward_states_per_thread(int64_t channels, int64_t np, int sms, int64_t requested) {
+  if (requested == 4 || requested == 8 || requested == 16) return static_cast<int>(std::max<int64_t>(requested, np / 32));
+  const int spt = channels * (np / 8) < static_cast<int64_t>(sms) * 128 ? 4 : 8;
+  return static_cast<int>(std::max<int64_t>(spt, np / 32));
+}
+
+// Backward: 4 states per thread (16 steps of them live in registers), 8 at N_pad = 256 (a channel
+// fits one warp).
+int backward_states_per_thread(int64_t np) { return np == kMaxStates ? 8 : 4; }
+
+cudaError_t launch(at::ScalarType dtype, const SelectiveParams& p, const SelectiveLaunch& l, bool backward) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  switch (dtype) {
+    case at::kFloat:
+      return launch_selective<SelectiveDType::kFloat32>(p, l, backward, stream);
+    case at::kHalf:
+      return launch_selective<SelectiveDType::kFloat16>(p, l, backward, stream);
+    case at::kBFloat16:
+      return launch_selective<SelectiveDType::kBFloat16>(p, l, backward, stream);
+    default:
+      TORCH_CHECK_VALUE(false, "linrec.selective_scan: the CUDA kernels take float32, float16 or bfloat16, got ",
+                        dt(dtype));
+  }
+}
+
+void check_launch(cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, "linrec.selective_scan: CUDA launch failed: ", cudaGetErrorString(err));
+}
+
+// What both directions read, and the tensors that back it (kept alive by the caller).
+struct Prepared {
+  SelectiveParams p;
+  Tensor B, C, A2;
+};
+
+Prepared prepare(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
+                 const OptTensor& D, const OptTensor& z, const OptTensor& delta_bias, bool softplus,
+                 const OptTensor& initial) {
+  TORCH_CHECK_VALUE(B.dim() == 4 && C.dim() == 4, "linrec.selective_scan: the CUDA kernel takes B and C as "
+                    "(B, G, N, L), got ", shape(B.sizes()), " and ", shape(C.sizes()));
+  TORCH_CHECK_VALUE(delta.scalar_type() == u.scalar_type() && (!z || z->scalar_type() == u.scalar_type()),
+                    "linrec.selective_scan: the CUDA kernel takes delta and z in u's dtype ", dt(u.scalar_type()));
+  const int64_t n = A.size(1);
+  TORCH_CHECK_VALUE(n <= kMaxStates, "linrec.selective_scan: the CUDA kernel takes N <= ", num(kMaxStates),
+                    " states, got A of shape ", shape(A.sizes()));
+  Prepared r;
+  SelectiveParams& p = r.p;
+  p.batch = u.size(0);
+  p.dim = u.size(1);
+  p.len = u.size(2);
+  p.nstate = n;
+  p.nstate_pad = pad_states(n);
+  p.groups_b = B.size(1);
+  p.groups_c = C.size(1);
+  p.softplus = softplus;
+  p.chunk = selective_tile_steps(p.nstate_pad);
+  r.B = step_major(B, p.nstate_pad);
+  r.C = step_major(C, p.nstate_pad);
+  r.A2 = at::zeros({p.dim, p.nstate_pad}, A.options().dtype(at::kFloat));
+  r.A2.narrow(1, 0, n).copy_(A * static_cast<float>(1.0 / std::log(2.0)));
+  p.B = r.B.data_ptr<float>();
+  p.C = r.C.data_ptr<float>();
+  p.A2 = r.A2.data_ptr<float>();
+  p.u = strided(u);
+  p.delta = strided(delta);
+  if (z) p.z = strided(*z);
+  p.D = D ? D->data_ptr<float>() : nullptr;
+  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
+  p.h0 = initial ? initial->data_ptr<float>() : nullptr;
+  return r;
+}
+
+int sm_count(const Tensor& u) { return at::cuda::getDeviceProperties(u.device().index())->multiProcessorCount; }
+
+std::tuple<Tensor, Tensor> selective_scan_fwd_cuda(const Tensor& u, const Tensor& delta, const Tensor& A,
+                                                   const Tensor& B, const Tensor& C, const OptTensor& D,
+                                                   const OptTensor& z, const OptTensor& delta_bias,
+                                                   bool delta_softplus, const OptTensor& initial,
+                                                   int64_t states_per_thread) {
+  const c10::cuda::CUDAGuard guard(u.device());
+  Prepared r = prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial);
+  SelectiveParams& p = r.p;
+  Tensor out = at::empty_like(u);
+  Tensor last = at::empty({p.batch, p.dim, p.nstate}, A.options().dtype(at::kFloat));
+  p.out = strided(out);
+  p.last = last.data_ptr<float>();
+  SelectiveLaunch l;
+  l.states_per_thread = forward_states_per_thread(p.batch * p.dim, p.nstate_pad, sm_count(u), states_per_thread);
+  l.vector_loads = rows_aligned(u) && rows_aligned(delta) && (!z || rows_aligned(*z)) && rows_aligned(out);
+  check_launch(launch(u.scalar_type(), p, l, false));
+  return {out, last};
+}
+
+std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTensor& grad_last, const Tensor& u,
+                                            const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
+                                            const OptTensor& D, const OptTensor& z, const OptTensor& delta_bias,
+                                            bool delta_softplus, const OptTensor& initial,
+                                            int64_t states_per_thread) {
+  const c10::cuda::CUDAGuard guard(u.device());
+  TORCH_CHECK_VALUE(grad_out.scalar_type() == u.scalar_type(), "linrec.selective_scan_backward: the CUDA kernel "
+                    "takes grad_out in u's dtype ", dt(u.scalar_type()), ", got ", dt(grad_out.scalar_type()));
+  Prepared r = prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial);
+  SelectiveParams& p = r.p;
+  const auto f32 = A.options().dtype(at::kFloat);
+  // Checkpoints: the forward kernel's states after each chunk but the last.
+  const int64_t nchunks = (p.len + p.chunk - 1) / p.chunk;
+  Tensor ckpt = at::empty({nchunks > 1 ? p.batch * p.dim * nchunks * p.nstate_pad : 0}, f32);
+  p.ckpt = nchunks > 1 ? ckpt.data_ptr<float>() : nullptr;
+  SelectiveLaunch fl;
+  fl.states_per_thread = forward_states_per_thread(p.batch * p.dim, p.nstate_pad, sm_count(u), states_per_thread);
+  fl.vector_loads = rows_aligned(u) && rows_aligned(delta) && (!z || rows_aligned(*z));
+  if (p.ckpt) check_launch(launch(u.scalar_type(), p, fl, false));
+
+  Tensor du = at::empty_like(u), ddelta = at::empty_like(delta);
+  Tensor dz = z ? at::empty_like(*z) : at::empty({0}, u.options());
+  Tensor dA = at::zeros({p.dim, p.nstate_pad}, f32);
+  Tensor dB = at::zeros_like(r.B), dC = at::zeros_like(r.C);
+  Tensor dD = D ? at::zeros({p.dim}, f32) : at::empty({0}, f32);
+  Tensor dbias = delta_bias ? at::zeros({p.dim}, f32) : at::empty({0}, f32);
+  Tensor dh0 = at::empty({p.batch, p.dim, p.nstate}, f32);
+  p.dout = strided(grad_out);
+  p.du = strided(du);
+  p.ddelta = strided(ddelta);
+  if (z) p.dz = strided(dz);
+  p.dlast = grad_last ? grad_last->data_ptr<float>() : nullptr;
+  p.dA = dA.data_ptr<float>();
+  p.dB = dB.data_ptr<float>();
+  p.dC = dC.data_ptr<float>();
+  p.dD = D ? dD.data_ptr<float>() : nullptr;
+  p.ddelta_bias = delta_bias ? dbias.data_ptr<float>() : nullptr;
+  p.dh0 = dh0.data_ptr<float>();
+  SelectiveLaunch bl;
+  bl.states_per_thread = backward_states_per_thread(p.nstate_pad);
+  check_launch(launch(u.scalar_type(), p, bl, true));
+  const int64_t n = p.nstate;
+  auto states_last = [n](const Tensor& t) { return t.narrow(3, 0, n).transpose(2, 3).contiguous(); };
+  return {du, ddelta, dA.narrow(1, 0, n).contiguous(), states_last(dB), states_last(dC), dD, dz, dbias, dh0};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(linrec, CUDA, m) {
+  m.impl("_selective_scan_fwd", &selective_scan_fwd_cuda);
+  m.impl("_selective_scan_bwd", &selective_scan_bwd_cuda);
+}
+
+}  // namespace linrec

@@ -1,0 +1,10 @@
+// One dtype per file, so the kernels compile in parallel.
+#include "launch.cuh"
+
+namespace linrec {
+template <>
+cudaError_t launch_selective<SelectiveDType::kFloat16>(const SelectiveParams& p, const SelectiveLaunch& launch,
+                                                   bool backward, cudaStream_t stream) {
+  return selective::dispatch<__half>(p, launch, backward, stream);
+}
+}  // namespace linrec
