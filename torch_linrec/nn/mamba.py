@@ -113,6 +113,9 @@ class Mamba(nn.Module):
         batch = hidden_states.shape[0]
         if state is None:
             state = self.allocate_state(batch, hidden_states.device, hidden_states.dtype)
+        if hidden_states.shape[1] == 0:
+            out = self.out_proj(hidden_states.new_zeros(batch, 0, self.d_inner))
+            return (out, state) if return_state else out
         conv_state, ssm_state = state
         x, z = rearrange(self.in_proj(hidden_states), "b l d -> b d l").chunk(2, dim=1)
         xc = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # (b, d_inner, d_conv + L)
