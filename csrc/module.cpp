@@ -163,4 +163,11 @@ TORCH_LIBRARY(linrec, m) {
       "_selective_scan_bwd(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
       "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, "
       "int states_per_thread=0) -> Tensor[]");
+
+  // ---- Log-space scan (csrc/logscan, torch_linrec/logscan) ----
+  // log_h[l] = logaddexp(log_coeffs[l] + log_h[l-1], log_x[l]) along `dim`, log_h[-1] = initial (a log
+  // state; -inf when None); reverse=True runs from the end. log_coeffs broadcasts against log_x,
+  // initial against log_x's shape without `dim`; -inf (log 0) is exact. Its autograd composes
+  // linrec::scan (torch_linrec/logscan/ops.py), so it needs no backward op.
+  m.def("log_scan(Tensor log_x, Tensor log_coeffs, Tensor? initial=None, int dim=-1, bool reverse=False) -> Tensor");
 }

@@ -5,7 +5,8 @@ its Triton twin; :func:`scan` is the Python entry point that picks a backend and
 (:mod:`torch_linrec.dispatch`, the tuned cache of :mod:`torch_linrec.configs`).
 
 Layout: one folder per op family (:mod:`torch_linrec.linrec`: checks, layout, registration,
-reference, Triton kernels; :mod:`torch_linrec.selective`: Mamba's selective scan);
+reference, Triton kernels; :mod:`torch_linrec.selective`: Mamba's selective scan; :mod:`torch_linrec.logscan`: the
+log-space scan);
 :mod:`torch_linrec.bench` holds the main job and the tuner.
 """
 __version__ = "0.1.0"
@@ -17,7 +18,8 @@ from .linrec.configs import config_names  # noqa: E402
 from .linrec.reference import chunked_scan, scan_backward_ref, scan_ref  # noqa: E402
 from .selective import (selective_scan, selective_scan_fn, selective_scan_ref,  # noqa: E402
                         selective_state_update)
+from .logscan import log_scan, log_scan_ref  # noqa: E402
 
 __all__ = ["scan", "scan_ref", "scan_backward_ref", "chunked_scan", "use_backend", "get_backend",
            "available_backends", "config_names", "BACKENDS", "selective_scan", "selective_scan_fn",
-           "selective_state_update", "selective_scan_ref"]
+           "selective_state_update", "selective_scan_ref", "log_scan", "log_scan_ref"]

@@ -1,6 +1,8 @@
 """``python -m torch_linrec``: check every implementation, then benchmark the case suite;
 ``python -m torch_linrec tune``: tune the kernel configs of this GPU (the tuned config cache);
-``python -m torch_linrec selective``: the selective-scan (Mamba) benchmark.
+``python -m torch_linrec selective``: the selective-scan (Mamba) benchmark;
+``python -m torch_linrec layers [--anchors]``: tokens/s of the torch_linrec.nn layers, fused vs plain
+PyTorch (``--anchors``: the layers' GPU performance anchors).
 
 See :mod:`torch_linrec.bench.cli`, :mod:`torch_linrec.bench.tune` and ``--help``.
 """
@@ -13,6 +15,9 @@ def _main(argv: list[str]) -> int:
     if argv[:1] == ["selective"]:
         from .bench.selective import main as selective_main
         return selective_main(argv[1:])
+    if argv[:1] == ["layers"]:
+        from .bench.layers import main as layers_main
+        return layers_main(argv[1:])
     if argv[:1] == ["tune"]:
         from .bench.tune import main as tune_main
         return tune_main(argv[1:])

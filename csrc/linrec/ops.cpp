@@ -80,37 +80,41 @@ bool is_supported_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
 }
 
-// Checks shared by forward and backward (the same as torch_linrec/linrec/checks.py); returns the
-// wrapped scan dim.
-int64_t check_inputs(const char* op, const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial,
-                     int64_t dim) {
-  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dimension, got a 0-d tensor");
-  TORCH_CHECK_VALUE(is_supported_dtype(x.scalar_type()), op,
-                    ": x must be float32, float16, bfloat16 or float64, got ", dt(x.scalar_type()));
-  TORCH_CHECK_VALUE(coeffs.scalar_type() == x.scalar_type(), op, ": coeffs must have the dtype of x (",
+}  // namespace
+
+int64_t check_scan_inputs(const char* op, const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial,
+                          int64_t dim, const char* x_name, const char* coeffs_name) {
+  const char* xn = x_name;
+  const char* cn = coeffs_name;
+  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": ", xn, " must have at least one dimension, got a 0-d tensor");
+  TORCH_CHECK_VALUE(is_supported_dtype(x.scalar_type()), op, ": ", xn,
+                    " must be float32, float16, bfloat16 or float64, got ", dt(x.scalar_type()));
+  TORCH_CHECK_VALUE(coeffs.scalar_type() == x.scalar_type(), op, ": ", cn, " must have the dtype of ", xn, " (",
                     dt(x.scalar_type()), "), got ", dt(coeffs.scalar_type()));
-  TORCH_CHECK_VALUE(coeffs.device() == x.device(), op, ": coeffs must be on the device of x (", dev(x.device()),
-                    "), got ", dev(coeffs.device()));
+  TORCH_CHECK_VALUE(coeffs.device() == x.device(), op, ": ", cn, " must be on the device of ", xn, " (",
+                    dev(x.device()), "), got ", dev(coeffs.device()));
   TORCH_CHECK_VALUE(x.scalar_type() != at::kDouble || x.device().is_cpu(), op,
-                    ": float64 is supported on the CPU only, got x on ", dev(x.device()));
+                    ": float64 is supported on the CPU only, got ", xn, " on ", dev(x.device()));
   TORCH_CHECK_VALUE(-x.dim() <= dim && dim < x.dim(), op, ": dim must be in [", num(-x.dim()), ", ",
-                    num(x.dim() - 1), "] for x of shape ", shape(x.sizes()), ", got ", num(dim));
+                    num(x.dim() - 1), "] for ", xn, " of shape ", shape(x.sizes()), ", got ", num(dim));
   const int64_t d = at::maybe_wrap_dim(dim, x.dim());
-  TORCH_CHECK_VALUE(at::is_expandable_to(coeffs.sizes(), x.sizes()), op, ": coeffs of shape ",
-                    shape(coeffs.sizes()), " must be broadcastable to x of shape ", shape(x.sizes()));
+  TORCH_CHECK_VALUE(at::is_expandable_to(coeffs.sizes(), x.sizes()), op, ": ", cn, " of shape ",
+                    shape(coeffs.sizes()), " must be broadcastable to ", xn, " of shape ", shape(x.sizes()));
   if (initial.has_value()) {
     const Tensor& h0 = *initial;
     auto expect = x.sizes().vec();
     expect.erase(expect.begin() + d);
-    TORCH_CHECK_VALUE(h0.scalar_type() == x.scalar_type(), op, ": initial must have the dtype of x (",
+    TORCH_CHECK_VALUE(h0.scalar_type() == x.scalar_type(), op, ": initial must have the dtype of ", xn, " (",
                       dt(x.scalar_type()), "), got ", dt(h0.scalar_type()));
-    TORCH_CHECK_VALUE(h0.device() == x.device(), op, ": initial must be on the device of x (", dev(x.device()),
-                      "), got ", dev(h0.device()));
+    TORCH_CHECK_VALUE(h0.device() == x.device(), op, ": initial must be on the device of ", xn, " (",
+                      dev(x.device()), "), got ", dev(h0.device()));
     TORCH_CHECK_VALUE(at::is_expandable_to(h0.sizes(), expect), op, ": initial must have shape ", shape(expect),
-                      " (x without dim ", num(d), ") or broadcast to it, got ", shape(h0.sizes()));
+                      " (", xn, " without dim ", num(d), ") or broadcast to it, got ", shape(h0.sizes()));
   }
   return d;
 }
+
+namespace {
 
 void check_config(const char* op, const OptConfig& config) {
   TORCH_CHECK_VALUE(!is_triton_config(config), op, ": config '", std::string(config->data(), config->size()),
@@ -139,7 +143,7 @@ SlotTensors<kNumSlots> slot_tensors() {
 
 Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
                  bool reverse, const OptConfig& config, ScanLauncher launch) {
-  const int64_t d = check_inputs("linrec.scan", x, coeffs, initial, dim);
+  const int64_t d = check_scan_inputs("linrec.scan", x, coeffs, initial, dim);
   if (is_auto(config)) {
     const auto resolved = resolve_auto(false, x, coeffs, d);
     const OptConfig cfg = resolved ? OptConfig(*resolved) : std::nullopt;
@@ -169,7 +173,7 @@ Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tens
 std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, const Tensor& coeffs, const Tensor& y,
                                                       const std::optional<Tensor>& initial, int64_t dim, bool reverse,
                                                       const OptConfig& config, ScanLauncher launch) {
-  const int64_t d = check_inputs("linrec.scan_backward", y, coeffs, initial, dim);
+  const int64_t d = check_scan_inputs("linrec.scan_backward", y, coeffs, initial, dim);
   if (is_auto(config)) {
     const auto resolved = resolve_auto(true, y, coeffs, d);
     const OptConfig cfg = resolved ? OptConfig(*resolved) : std::nullopt;

@@ -47,6 +47,11 @@ using ScanBackwardSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const 
 const c10::TypedOperatorHandle<ScanSig>& scan_triton_op();
 const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_op();
 
+// Checks of a scan's operands (the same as torch_linrec/linrec/checks.py: check_scan_args), naming
+// them x_name and coeffs_name in messages; returns the wrapped scan dim. Raises ValueError.
+int64_t check_scan_inputs(const char* op, const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial,
+                          int64_t dim, const char* x_name = "x", const char* coeffs_name = "coeffs");
+
 Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
                  bool reverse, const OptConfig& config, ScanLauncher launch);
 

@@ -30,37 +30,44 @@ def batch_shape(x: torch.Tensor, dim: int) -> list:
 
 
 def check_scan_args(op: str, x: torch.Tensor, coeffs: torch.Tensor, initial, dim: int,
-                    float64_ok: bool = True) -> int:
+                    float64_ok: bool = True, names: tuple[str, str] = ("x", "coeffs")) -> int:
     """Validates the arguments of a scan op and returns ``dim`` wrapped to ``[0, x.dim())``.
+
+    ``names`` are the names of ``x`` and ``coeffs`` in messages (``("log_x", "log_coeffs")`` for the
+    log-space scan).
 
     Raises:
         ValueError: naming the argument, with the expected and the received value.
     """
-    _fail(x.dim() >= 1, lambda: f"{op}: x must have at least one dimension, got a 0-d tensor")
-    _fail(x.dtype in _DTYPES, lambda: f"{op}: x must be float32, float16, bfloat16 or float64, got {x.dtype}")
-    _fail(coeffs.dtype == x.dtype, lambda: f"{op}: coeffs must have the dtype of x ({x.dtype}), got {coeffs.dtype}")
-    _fail(coeffs.device == x.device, lambda: f"{op}: coeffs must be on the device of x ({x.device}), got {coeffs.device}")
+    xn, cn = names
+    _fail(x.dim() >= 1, lambda: f"{op}: {xn} must have at least one dimension, got a 0-d tensor")
+    _fail(x.dtype in _DTYPES, lambda: f"{op}: {xn} must be float32, float16, bfloat16 or float64, got {x.dtype}")
+    _fail(coeffs.dtype == x.dtype, lambda: f"{op}: {cn} must have the dtype of {xn} ({x.dtype}), got {coeffs.dtype}")
+    _fail(coeffs.device == x.device, lambda:
+          f"{op}: {cn} must be on the device of {xn} ({x.device}), got {coeffs.device}")
     _fail(float64_ok or x.dtype != torch.float64, lambda:
-          f"{op}: float64 is supported on the CPU only, got x on {x.device}")
-    _fail(-x.dim() <= dim < x.dim(), lambda: f"{op}: dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape "
+          f"{op}: float64 is supported on the CPU only, got {xn} on {x.device}")
+    _fail(-x.dim() <= dim < x.dim(), lambda: f"{op}: dim must be in [{-x.dim()}, {x.dim() - 1}] for {xn} of shape "
           f"{tuple(x.shape)}, got {dim}")
     dim = dim % x.dim()
     ok = coeffs.dim() <= x.dim()
     if ok:
         for cs, xs in zip(reversed(coeffs.shape), reversed(x.shape)):
             ok = ok and (cs == 1 or cs == xs)
-    _fail(ok, lambda: f"{op}: coeffs of shape {tuple(coeffs.shape)} must be broadcastable to x of shape {tuple(x.shape)}")
+    _fail(ok, lambda: f"{op}: {cn} of shape {tuple(coeffs.shape)} must be broadcastable to {xn} of shape "
+          f"{tuple(x.shape)}")
     if initial is not None:
         expect = batch_shape(x, dim)
-        _fail(initial.dtype == x.dtype, lambda: f"{op}: initial must have the dtype of x ({x.dtype}), got {initial.dtype}")
+        _fail(initial.dtype == x.dtype, lambda:
+              f"{op}: initial must have the dtype of {xn} ({x.dtype}), got {initial.dtype}")
         _fail(initial.device == x.device, lambda:
-              f"{op}: initial must be on the device of x ({x.device}), got {initial.device}")
+              f"{op}: initial must be on the device of {xn} ({x.device}), got {initial.device}")
         ok = initial.dim() <= len(expect)
         if ok:
             for s, e in zip(reversed(initial.shape), reversed(expect)):
                 ok = ok and (s == 1 or s == e)
-        _fail(ok, lambda: f"{op}: initial must have shape {tuple(expect)} (x without dim {dim}) or broadcast to it, "
-              f"got {tuple(initial.shape)}")
+        _fail(ok, lambda: f"{op}: initial must have shape {tuple(expect)} ({xn} without dim {dim}) or broadcast to "
+              f"it, got {tuple(initial.shape)}")
     return dim
 
 
