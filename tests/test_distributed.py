@@ -177,7 +177,21 @@ def _check_errors(rank: int) -> None:
         grad_x.sum().backward()
 
 
-EXTRA = {2: {"compile": _check_compile, "opcheck": _check_opcheck, "errors": _check_errors}}
+def _check_bench(rank: int) -> None:
+    """The torchrun benchmark's stages end to end, tiny, on gloo: a PASSing check and a full CSV."""
+    from torch_linrec.distributed import bench
+    with tempfile.TemporaryDirectory() as tmp:
+        args = bench.build_parser().parse_args(["--device", "cpu", "--channels", "2", "--log2-length", "10",
+                                                "--reps", "1", "--out", tmp])
+        assert bench.run(args, torch.device("cpu")) == 0
+        if rank == 0:
+            (path,) = [os.path.join(tmp, f) for f in os.listdir(tmp)]
+            with open(path) as f:
+                stages = [line.split(",")[0] for line in f.read().splitlines()[1:]]
+            assert stages == ["1gpu"] * 2 + ["cp"] * 2 + ["cp-part"] * 3 + ["baseline"], stages
+
+
+EXTRA = {2: {"compile": _check_compile, "opcheck": _check_opcheck, "errors": _check_errors, "bench": _check_bench}}
 
 
 def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
