@@ -179,6 +179,7 @@ class _Bench:
     def one_vs_k(self, length: int) -> None:
         """Stages 2-4 at ``length`` (the whole sequence)."""
         k, chunk = self.world, length // self.world
+        x = c = dy = None  # rank 0 alone holds the whole sequence
         if self.rank == 0:
             x, c = self.inputs(length, seed=0, grad=True)
             dy = torch.randn_like(x)
@@ -189,8 +190,7 @@ class _Bench:
         ms = self.time_ms(lambda: torch.autograd.grad(scan(x, c, dim=-1), (x, c), dy), alone=True)
         self.one_gpu["fwd+bwd"] = ms
         self.record("1gpu", "scan", 1, length, "fwd+bwd", ms, tensors=8)
-        if self.rank == 0:
-            del x, c, dy
+        x = c = dy = None
         _free(self.device)
 
         x, c = self.inputs(chunk, seed=1 + self.rank, grad=True)
@@ -200,7 +200,7 @@ class _Bench:
         self.record("cp", "context_parallel_scan", k, length, "fwd", cp_ms, tensors=5, bound=3 * k / 5)
         ms = self.time_ms(lambda: torch.autograd.grad(context_parallel_scan(x, c, -1), (x, c), dy))
         self.record("cp", "context_parallel_scan", k, length, "fwd+bwd", ms, tensors=14, bound=8 * k / 14)
-        del dy
+        dy = None
         with torch.no_grad():
             summary = torch.stack(chunk_summary(x, c, 1))
             carry = torch.zeros_like(x[:, 0])

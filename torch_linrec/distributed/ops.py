@@ -32,7 +32,7 @@ from ..dispatch import choose
 from ..linrec.checks import batch_shape, check_scan_args, check_scan_backward_args
 from ..linrec.ops import NATIVE, TRITON, is_triton_config
 from ..linrec.reference import scan_backward_ref
-from .summary import chunk_summary, summary_dtype
+from .summary import chunk_summary
 
 __all__ = ["context_parallel_scan_op", "context_parallel_scan_backward_op", "resolve_group", "all_gather_states"]
 
