@@ -84,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         impls = select_impls(implementations(device), _names(args.impls))
     except ValueError as exc:
         parser.error(str(exc))
+    from ..distributed.bench import launched_by_torchrun
+    cp_status = 0
+    if launched_by_torchrun():  # torchrun --nproc-per-node K -m torch_linrec: the multi-GPU section first
+        from ..distributed.bench import run_section
+        cp_status, rank0 = run_section(device.type, args.out or default_out_dir(), quick=args.quick)
+        if not rank0:
+            return cp_status
     size = "quick" if args.quick else "full" if device.type == "cuda" else "scaled"
     dev_name = device_name(device)
     print(f"torch_linrec {__version__}, torch {torch.__version__}, device: {dev_name}")
@@ -118,4 +125,4 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plot:
         title = f"torch_linrec vs torch.add on {dev_name}" + ("" if size == "full" else f" ({size} sizes)")
         print(f"wrote {plot_ratios(rows, out / f'{stem}.png', title)}")
-    return status
+    return max(status, cp_status)
