@@ -1,3 +1,5 @@
+#include <Python.h>
+
 #include "ops.h"
 
 #include <ATen/ATen.h>
@@ -28,23 +30,59 @@ bool is_triton_config(const OptConfig& config) {
 
 namespace {
 
+// The Triton ops are registered by a Python module that `import torch_linrec` does not load (it
+// imports triton, ~1 s): a call that needs one imports it, under the GIL and outside any lock of
+// ours (not inside a function-local static's initialization, which another thread holding the GIL
+// could wait on). Once registered this is one schema lookup. Returns the import error's text, empty
+// on success or without an interpreter (AOTInductor's C++ runtime).
+std::string import_triton_ops(const char* name) {
+  if (c10::Dispatcher::singleton().findSchema({name, ""}).has_value() || !Py_IsInitialized()) return "";
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  std::string error;
+  PyObject* module = PyImport_ImportModule("torch_linrec.linrec.triton");
+  if (module == nullptr) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject* text = value ? PyObject_Str(value) : nullptr;
+    PyObject* bytes = text ? PyUnicode_AsUTF8String(text) : nullptr;
+    error = bytes ? PyBytes_AsString(bytes) : "import torch_linrec.linrec.triton failed";
+    Py_XDECREF(bytes);
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(trace);
+    PyErr_Clear();
+  }
+  Py_XDECREF(module);
+  PyGILState_Release(gil);
+  return error;
+}
+
 template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_triton_op(const char* name) {
+c10::TypedOperatorHandle<Sig> find_triton_op(const char* name, const std::string& import_error) {
   auto handle = c10::Dispatcher::singleton().findSchema({name, ""});
   TORCH_CHECK_VALUE(handle.has_value(), "linrec.scan: the config names a Triton config, but ", name,
-                    " is not registered: install triton and import torch_linrec");
+                    " is not registered: install triton (import torch_linrec.linrec.triton: ",
+                    import_error.empty() ? "no Python interpreter" : import_error, ")");
   return handle->typed<Sig>();
 }
 
 }  // namespace
 
+const c10::TypedOperatorHandle<ScanSig>& scan_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("linrec::scan", "").typed<ScanSig>();
+  return op;
+}
+
 const c10::TypedOperatorHandle<ScanSig>& scan_triton_op() {
-  static const auto op = find_triton_op<ScanSig>("linrec::scan_triton");
+  const std::string error = import_triton_ops("linrec::scan_triton");
+  static const auto op = find_triton_op<ScanSig>("linrec::scan_triton", error);
   return op;
 }
 
 const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_op() {
-  static const auto op = find_triton_op<ScanBackwardSig>("linrec::scan_backward_triton");
+  const std::string error = import_triton_ops("linrec::scan_backward_triton");
+  static const auto op = find_triton_op<ScanBackwardSig>("linrec::scan_backward_triton", error);
   return op;
 }
 

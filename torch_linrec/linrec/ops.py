@@ -7,7 +7,9 @@ more than the kernels of a small call). ``linrec::scan_triton`` / ``linrec::scan
 are Triton ops (torch_linrec/linrec/triton) whose autograd is :func:`register_scan_autograd`. Both
 autograds run the backward op that ``backward_config`` names: a ``"triton."`` config runs
 ``scan_backward_triton``, any other ``scan_backward``, so a forward and its backward may run on
-different backends.
+different backends. With ``create_graph=True`` both build the backward from differentiable ops (a
+reverse scan through the scan op itself, products, sums), so second and higher orders are exact;
+``torch.func`` transforms run :mod:`.functorch`'s route.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import torch
 
 from .. import _library  # noqa: F401  (loads the library that defines the linrec ops)
 from .checks import batch_shape, check_batch_dims, check_scan_args, check_scan_backward_args
+from .functorch import register_functorch
+from .reference import scan_backward_ref
 
 __all__ = ["fake_scan", "fake_scan_backward", "register_scan_autograd", "is_triton_config", "NATIVE", "TRITON", "AUTO",
            "TRITON_PREFIX", "PREFER_PREFIX"]
@@ -61,6 +65,7 @@ def fake_scan_backward(grad_y, coeffs, y, initial, dim, reverse, config=None):
 
 torch.library.register_fake("linrec::scan")(fake_scan)
 torch.library.register_fake("linrec::scan_backward")(fake_scan_backward)
+register_functorch("scan", torch.ops.linrec.scan)
 
 
 def _setup_context(ctx, inputs, output):
@@ -73,8 +78,12 @@ def _backward(ctx, grad_y):
     coeffs, y, initial = ctx.saved_tensors
     cfg = ctx.backward_config
     triton = cfg is None or is_triton_config(cfg)  # None: the forward's own (Triton) backend
-    op = torch.ops.linrec.scan_backward_triton if triton else torch.ops.linrec.scan_backward
-    grad_x, grad_c, grad_h0 = op(grad_y, coeffs, y, initial, ctx.dim, ctx.reverse, None if cfg == NATIVE else cfg)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (grad_y, coeffs, y, initial)):
+        scan = torch.ops.linrec.scan_triton if triton else torch.ops.linrec.scan  # create_graph: differentiable
+        grad_x, grad_c, grad_h0 = scan_backward_ref(grad_y, coeffs, y, initial, ctx.dim, ctx.reverse, scan=scan)
+    else:
+        op = torch.ops.linrec.scan_backward_triton if triton else torch.ops.linrec.scan_backward
+        grad_x, grad_c, grad_h0 = op(grad_y, coeffs, y, initial, ctx.dim, ctx.reverse, None if cfg == NATIVE else cfg)
     if initial is None:
         grad_h0 = None
     elif grad_h0.shape != initial.shape:

@@ -21,6 +21,7 @@ from triton.runtime.jit import JITFunction
 
 from .. import ops as _ops
 from ..checks import batch_shape, check_scan_args, check_scan_backward_args
+from ..functorch import register_functorch
 from ..layout import coalesce_batch_dims
 from . import kernels
 from .kernels import linrec_bwd_chan_kernel, linrec_bwd_seq_kernel, linrec_fwd_chan_kernel, linrec_fwd_seq_kernel
@@ -337,3 +338,4 @@ def _opaque_when_interpreted(op_def) -> None:
 _opaque_when_interpreted(scan_triton)
 _opaque_when_interpreted(scan_backward_triton)
 _ops.register_scan_autograd("linrec::scan_triton")
+register_functorch("scan_triton", torch.ops.linrec.scan_triton)
