@@ -108,11 +108,7 @@ def _convert(x, coeffs, initial, dim):
         check_scan_args("linrec.scan", x, x, None, dim)  # raises, naming dim
     if isinstance(initial, torch.Tensor) and initial.dim() == x.dim() and x.dim() > 0 and initial.shape[dim] == 1:
         initial = initial.squeeze(dim)  # keepdim form
-    out_dtype = torch.result_type(x, coeffs)
-    if initial is not None:
-        out_dtype = torch.promote_types(out_dtype, torch.result_type(x, initial))
-    if not all(t.is_floating_point() for t in (x, coeffs, initial) if isinstance(t, torch.Tensor)):
-        out_dtype = x.dtype  # no promotion across kinds: the op names the non-float argument
+    out_dtype = _result_dtype(x, coeffs, initial)
     dtype = out_dtype
     if dtype in _REDUCED and any(_rounds(v, dtype) for v in (coeffs, initial)):
         dtype = torch.float32
@@ -125,6 +121,20 @@ def _convert(x, coeffs, initial, dim):
         return torch.full((), float(v), dtype=dtype, device=x.device)
 
     return conv(x), conv(coeffs), conv(initial), out_dtype
+
+
+def _result_dtype(x, coeffs, initial) -> torch.dtype:
+    """``torch.result_type`` of the inputs where all are floating (or numbers): the promotion of the
+    tensors with dims (0-d tensors only when none has dims; Python numbers never promote); else x's
+    dtype, leaving the op to name the non-float argument. Plain Python, so ``torch.compile`` traces it."""
+    tensors = [t for t in (x, coeffs, initial) if isinstance(t, torch.Tensor)]
+    if not all(t.is_floating_point() for t in tensors):
+        return x.dtype
+    ranked = [t for t in tensors if t.dim() > 0] or tensors
+    dtype = ranked[0].dtype
+    for t in ranked[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
 
 
 def _rounds(v, dtype: torch.dtype) -> bool:
