@@ -200,6 +200,7 @@ Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tens
   ScanParams p{};
   fill_layout(p, s, y, d, reverse, "linrec.scan");
   p.backward = false;
+  p.deterministic = at::globalContext().deterministicAlgorithms();
   launch(p, x.scalar_type(), x.device(), config);
   return y;
 }
@@ -224,9 +225,11 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, cons
                     "linrec.scan_backward: grad_y must have the dtype and device of y (", dt(y.scalar_type()), ", ",
                     dev(y.device()), "), got ", dt(grad_y.scalar_type()), ", ", dev(grad_y.device()));
   // Broadcast coeffs: on CUDA the kernels add their gradient into a float32 buffer of the coeffs'
-  // shape (no full-size temporary); elsewhere it is computed full size and reduced.
+  // shape (no full-size temporary); elsewhere, and under torch.use_deterministic_algorithms(True)
+  // (atomic adds sum in a timing-dependent order), it is computed full size and reduced.
   const bool broadcast_c = coeffs.sizes() != y.sizes();
-  const bool accumulate = broadcast_c && y.is_cuda();
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  const bool accumulate = broadcast_c && y.is_cuda() && !deterministic;
   Tensor grad_x = at::empty_like(y);
   Tensor grad_c = accumulate ? at::zeros(coeffs.sizes(), y.options().dtype(at::kFloat)) : at::empty_like(y);
   const Tensor grad_c_view = accumulate ? grad_c.expand(y.sizes()) : grad_c;
