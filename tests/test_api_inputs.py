@@ -154,3 +154,14 @@ def test_autocast_model_cpu_bf16():
         loss.backward()
         opt.step()
     assert torch.isfinite(loss)
+
+
+def test_every_op_has_a_doc():
+    import torch_linrec.linrec.triton  # noqa: F401  (loaded on first use otherwise)
+    names = ["scan", "scan_backward", "scan_triton", "scan_backward_triton", "selective_scan",
+             "selective_scan_backward", "_selective_scan_fwd_cpu", "_selective_scan_bwd_cpu"]
+    for name in names:
+        op = getattr(torch.ops.linrec, name)
+        assert op.__doc__ and "CustomOpDef" not in op.__doc__, name
+        assert op.default.__doc__ == op.__doc__
+    assert "y[l] = coeffs[l] * y[l-1] + x[l]" in torch.ops.linrec.scan.__doc__

@@ -9,7 +9,7 @@ import torch
 
 from . import _C
 
-__all__ = ["HAS_CUDA_KERNELS", "scan_cuda_configs"]
+__all__ = ["HAS_CUDA_KERNELS", "scan_cuda_configs", "document_op"]
 
 HAS_CUDA_KERNELS: bool = torch._C._dispatch_has_kernel_for_dispatch_key("linrec::scan", "CUDA")
 
@@ -21,3 +21,12 @@ def scan_cuda_configs(elem_size: int) -> list[str]:
     raises ValueError listing the ones that apply).
     """
     return list(_C.scan_cuda_configs(elem_size))
+
+
+def document_op(name: str, doc: str) -> None:
+    """Sets the ``__doc__`` of ``torch.ops.linrec.<name>`` and of its overloads (``help()`` and
+    IDEs show it; ops registered from C++ have none)."""
+    packet = getattr(torch.ops.linrec, name)
+    packet.__doc__ = doc
+    for overload in packet.overloads():
+        getattr(packet, overload).__doc__ = doc

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _library  # noqa: F401  (loads the library that defines the linrec ops)
+from .._library import document_op  # (loads the library that defines the linrec ops)
 from .checks import batch_shape, check_batch_dims, check_scan_args, check_scan_backward_args
 from .functorch import register_functorch
 from .reference import scan_backward_ref
@@ -66,6 +66,41 @@ def fake_scan_backward(grad_y, coeffs, y, initial, dim, reverse, config=None):
 torch.library.register_fake("linrec::scan")(fake_scan)
 torch.library.register_fake("linrec::scan_backward")(fake_scan_backward)
 register_functorch("scan", torch.ops.linrec.scan)
+
+SCAN_DOC = """linrec::scan(x, coeffs, initial=None, dim=-1, reverse=False, config=None, backward_config=None) -> y
+
+The linear recurrence y[l] = coeffs[l] * y[l-1] + x[l] along ``dim`` with y[-1] = initial (zero when
+None); ``reverse`` runs from the end. The C++ kernels (CPU; CUDA when built with CUDA).
+
+Args:
+    x: any shape (rank >= 1) and strides; float32, float16, bfloat16 (float64 on the CPU).
+    coeffs: x's dtype and device, broadcastable to x (read in place, stride 0 where broadcast).
+    initial: x's shape without ``dim``, or broadcastable to it; x's dtype and device.
+    dim: the scanned dim, negative allowed. reverse: scan from the end towards the start.
+    config / backward_config: kernel configs by name (torch_linrec.config_names); None: defaults;
+        "auto": the tuned cache's choice; a "triton." backward_config runs the Triton backward.
+
+Returns:
+    y, allocated as torch.empty_like(x); reduced dtypes accumulate in float32.
+
+Raises:
+    ValueError naming the argument (expected vs got): dtype or device mismatch (the op is strict;
+    torch_linrec.scan promotes, and under torch.autocast the op runs in the widest input dtype),
+    integer dtype, dim out of range, shapes not broadcastable, an unknown or inapplicable config.
+
+Autograd to any order (C++; second order through differentiable ops), torch.func (grad, vjp,
+jvp, vmap), torch.compile and torch.export. The friendlier entry point is torch_linrec.scan.
+"""
+SCAN_BACKWARD_DOC = """linrec::scan_backward(grad_y, coeffs, y, initial, dim, reverse, config=None) -> (grad_x, grad_coeffs, grad_initial)
+
+The vector-Jacobian product of linrec::scan (the linrec article, Part I): grad_x is the reverse scan
+of grad_y with coeffs shifted by one step, grad_coeffs = grad_x * y[l-1] summed to coeffs' shape
+(y[-1] = initial), grad_initial = grad_x * coeffs at the first step, of x's shape without ``dim``.
+``y`` is the forward's output. Differentiable (its own autograd, from differentiable ops).
+Raises ValueError as linrec::scan, and for grad_y of another shape, dtype or device than y.
+"""
+document_op("scan", SCAN_DOC)
+document_op("scan_backward", SCAN_BACKWARD_DOC)
 
 
 def _setup_context(ctx, inputs, output):
