@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from .._library import build_info
 from .cases import SUITE, format_shape, select_cases
 from .check import run_checks
 from .impls import IMPL_HELP, implementations, select_impls
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     size = "quick" if args.quick else "full" if device.type == "cuda" else "scaled"
     dev_name = device_name(device)
     print(f"torch_linrec {__version__}, torch {torch.__version__}, device: {dev_name}")
+    print(build_info())
     print(f"implementations: {', '.join(i.name for i in impls)}")
     if size == "scaled":
         print("no CUDA device: case sizes scaled down for the CPU (leading/batch dims divided)")
