@@ -11,6 +11,10 @@ import torch
 
 import torch_linrec  # noqa: F401  (registers the ops)
 from torch_linrec._library import HAS_CUDA_KERNELS
+from torch_linrec.dispatch import HAS_TRITON
+
+if HAS_TRITON:  # the tests call torch.ops.linrec.scan_triton directly (import torch_linrec loads it lazily)
+    import torch_linrec.linrec.triton  # noqa: F401
 
 HAS_CUDA = torch.cuda.is_available() and HAS_CUDA_KERNELS
 

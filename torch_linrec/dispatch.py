@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import torch
 
+from ._lazy import constant_at_trace_time, load_linrec_triton
 from ._library import HAS_CUDA_KERNELS, _C
 from .linrec.ops import AUTO, NATIVE, TRITON, is_triton_config
 
@@ -59,7 +60,7 @@ def get_backend() -> str:
     return _get_backend()
 
 
-@torch.compiler.assume_constant_result
+@constant_at_trace_time
 def _get_backend() -> str:
     name = _backend.get()
     return name if name is not None else _validate(os.environ.get(ENV_VAR, "auto"))
@@ -136,11 +137,14 @@ def _tuned_table(index: int) -> dict[str, str]:
 _ready: set[int] = set()
 
 
-@torch.compiler.assume_constant_result
+@constant_at_trace_time
 def _ensure_tuned(index: int) -> bool:
     """Hands device ``index``'s tuned table to the ops (once; at trace time under ``torch.compile``)."""
     if index not in _ready:
-        _C.set_scan_tuned(index, _tuned_table(index))
+        table = _tuned_table(index)
+        if any(is_triton_config(name) for name in table.values()):
+            load_linrec_triton()
+        _C.set_scan_tuned(index, table)
         _ready.add(index)
     return True
 
@@ -202,6 +206,8 @@ def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None 
         raise ValueError(f"a Triton config was asked for, but Triton cannot run on {device}")
     if NATIVE in (fwd_backend, bwd_backend) and not native_ok:
         raise ValueError(f"a native config was asked for, but torch_linrec was built without kernels for {device}")
+    if TRITON in (fwd_backend, bwd_backend):
+        load_linrec_triton()
     return Choice(fwd_backend, fwd_cfg, bwd_cfg)
 
 

@@ -1,3 +1,5 @@
+#include <Python.h>
+
 #include "ops.h"
 
 #include <ATen/ATen.h>
@@ -28,23 +30,59 @@ bool is_triton_config(const OptConfig& config) {
 
 namespace {
 
+// The Triton ops are registered by a Python module that `import torch_linrec` does not load (it
+// imports triton, ~1 s): a call that needs one imports it, under the GIL and outside any lock of
+// ours (not inside a function-local static's initialization, which another thread holding the GIL
+// could wait on). Once registered this is one schema lookup. Returns the import error's text, empty
+// on success or without an interpreter (AOTInductor's C++ runtime).
+std::string import_triton_ops(const char* name) {
+  if (c10::Dispatcher::singleton().findSchema({name, ""}).has_value() || !Py_IsInitialized()) return "";
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  std::string error;
+  PyObject* module = PyImport_ImportModule("torch_linrec.linrec.triton");
+  if (module == nullptr) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject* text = value ? PyObject_Str(value) : nullptr;
+    PyObject* bytes = text ? PyUnicode_AsUTF8String(text) : nullptr;
+    error = bytes ? PyBytes_AsString(bytes) : "import torch_linrec.linrec.triton failed";
+    Py_XDECREF(bytes);
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(trace);
+    PyErr_Clear();
+  }
+  Py_XDECREF(module);
+  PyGILState_Release(gil);
+  return error;
+}
+
 template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_triton_op(const char* name) {
+c10::TypedOperatorHandle<Sig> find_triton_op(const char* name, const std::string& import_error) {
   auto handle = c10::Dispatcher::singleton().findSchema({name, ""});
   TORCH_CHECK_VALUE(handle.has_value(), "linrec.scan: the config names a Triton config, but ", name,
-                    " is not registered: install triton and import torch_linrec");
+                    " is not registered: install triton (import torch_linrec.linrec.triton: ",
+                    import_error.empty() ? "no Python interpreter" : import_error, ")");
   return handle->typed<Sig>();
 }
 
 }  // namespace
 
+const c10::TypedOperatorHandle<ScanSig>& scan_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("linrec::scan", "").typed<ScanSig>();
+  return op;
+}
+
 const c10::TypedOperatorHandle<ScanSig>& scan_triton_op() {
-  static const auto op = find_triton_op<ScanSig>("linrec::scan_triton");
+  const std::string error = import_triton_ops("linrec::scan_triton");
+  static const auto op = find_triton_op<ScanSig>("linrec::scan_triton", error);
   return op;
 }
 
 const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_op() {
-  static const auto op = find_triton_op<ScanBackwardSig>("linrec::scan_backward_triton");
+  const std::string error = import_triton_ops("linrec::scan_backward_triton");
+  static const auto op = find_triton_op<ScanBackwardSig>("linrec::scan_backward_triton", error);
   return op;
 }
 
@@ -166,6 +204,7 @@ Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tens
   ScanParams p{};
   fill_layout(p, s, y, d, reverse, "linrec.scan");
   p.backward = false;
+  p.deterministic = at::globalContext().deterministicAlgorithms();
   launch(p, x.scalar_type(), x.device(), config);
   return y;
 }
@@ -190,9 +229,11 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, cons
                     "linrec.scan_backward: grad_y must have the dtype and device of y (", dt(y.scalar_type()), ", ",
                     dev(y.device()), "), got ", dt(grad_y.scalar_type()), ", ", dev(grad_y.device()));
   // Broadcast coeffs: on CUDA the kernels add their gradient into a float32 buffer of the coeffs'
-  // shape (no full-size temporary); elsewhere it is computed full size and reduced.
+  // shape (no full-size temporary); elsewhere, and under torch.use_deterministic_algorithms(True)
+  // (atomic adds sum in a timing-dependent order), it is computed full size and reduced.
   const bool broadcast_c = coeffs.sizes() != y.sizes();
-  const bool accumulate = broadcast_c && y.is_cuda();
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  const bool accumulate = broadcast_c && y.is_cuda() && !deterministic;
   Tensor grad_x = at::empty_like(y);
   Tensor grad_c = accumulate ? at::zeros(coeffs.sizes(), y.options().dtype(at::kFloat)) : at::empty_like(y);
   const Tensor grad_c_view = accumulate ? grad_c.expand(y.sizes()) : grad_c;

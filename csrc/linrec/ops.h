@@ -42,8 +42,10 @@ using ScanSig = Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>
                        OptConfig);
 using ScanBackwardSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                            const std::optional<Tensor>&, int64_t, bool, OptConfig);
-// linrec::scan_triton and linrec::scan_backward_triton, defined in Python by torch_linrec.linrec.triton;
-// ValueError if they are not registered.
+// linrec::scan through the dispatcher.
+const c10::TypedOperatorHandle<ScanSig>& scan_op();
+// linrec::scan_triton and linrec::scan_backward_triton, defined in Python by torch_linrec.linrec.triton
+// (imported on first use); ValueError if they cannot be registered.
 const c10::TypedOperatorHandle<ScanSig>& scan_triton_op();
 const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_op();
 

@@ -15,6 +15,10 @@ struct ScanParams : StridedLayout<kNumSlots> {
   // Backward with broadcast coeffs (CUDA): kGradCoeff is a float32 buffer of the coeffs'
   // shape, expanded (stride 0 where coeffs broadcast), that the kernel adds into atomically.
   bool accumulate_grad_coeff;
+  // torch.use_deterministic_algorithms(True) was in force: no atomics (accumulate_grad_coeff off)
+  // and no look-back between blocks (whose carries may compose in a timing-dependent order), so
+  // every run gives the same bits.
+  bool deterministic;
 };
 
 // Batch-shaped slots (x's shape without the scanned dim); the others have x's shape.

@@ -12,10 +12,19 @@ from typing import Callable
 
 import torch
 
+from .._lazy import load_linrec_triton
 from ..api import scan as _scan
 from ..dispatch import available_backends, tuned_configs
 
-__all__ = ["Impl", "implementations", "register_impls", "select_impls"]
+__all__ = ["Impl", "implementations", "register_impls", "select_impls", "IMPL_HELP"]
+
+# The implementations of the main job, for --help.
+IMPL_HELP = {
+    "auto": "torch_linrec.scan with the tuned config cache (CUDA)",
+    "native": "torch.ops.linrec.scan: the C++ kernels (CPU; CUDA when built with CUDA)",
+    "triton": "torch.ops.linrec.scan_triton: Triton kernels (CUDA; checked, not timed, under TRITON_INTERPRET=1)",
+    "reference": "the float64-capable Python loop scan_ref (checked; timed on tiny cases only)",
+}
 
 ScanFn = Callable[..., torch.Tensor]
 
@@ -58,6 +67,7 @@ def _native(x, coeffs, initial=None, dim=-1, reverse=False):
 
 
 def _triton(x, coeffs, initial=None, dim=-1, reverse=False):
+    load_linrec_triton()
     return torch.ops.linrec.scan_triton(x, coeffs, initial, dim, reverse)
 
 

@@ -46,19 +46,23 @@ def format_table(rows: list[Row]) -> str:
     """The rows as an aligned text table (text columns left-aligned, numbers right-aligned).
 
     ``peak mem`` is the CUDA peak over one forward+backward call beyond the inputs, in MB and in
-    units of one input tensor; ``max err`` the largest relative error of ``y``, ``grad_x`` and
-    ``grad_coeffs`` against the float64 reference; ``n/a`` marks a skipped run, ``-`` a value not
-    measured because the implementation raised.
+    units of one input tensor (the column is left out when no row measured it: the CPU);
+    ``max err`` the largest relative error of ``y``, ``grad_x`` and ``grad_coeffs`` against the
+    float64 reference; ``n/a`` marks a skipped run, ``-`` a value not measured because the
+    implementation raised.
     """
-    table = [_HEADER] + [_cells(row) for row in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(_HEADER))]
-    left = {0, 1, 2, 3, 12, 13}
+    mem_col = _HEADER.index("peak mem")
+    keep = [i for i in range(len(_HEADER))
+            if i != mem_col or any(not math.isnan(row.peak_mem_mb) for row in rows)]
+    table = [tuple(r[i] for i in keep) for r in [_HEADER] + [_cells(row) for row in rows]]
+    widths = [max(len(r[i]) for r in table) for i in range(len(keep))]
+    left = {keep.index(i) for i in (0, 1, 2, 3, 12, 13)}
 
     def fmt(cells):
         return "  ".join(c.ljust(w) if i in left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-    lines = [fmt(table[0]), "  ".join("-" * w for w in widths)]
+    lines = [fmt(table[0]), "  ".join("-" * w for w in widths).rstrip()]
     prev = None
     for row, cells in zip(rows, table[1:]):
         if prev is not None and row.case != prev:
@@ -95,8 +99,9 @@ def write_csv(rows: list[Row], path: Path) -> Path:
 
 def plot_ratios(rows: list[Row], path: Path, title: str) -> Path:
     """Grouped bar chart of the ratios to ``torch.add``: per case, one solid (forward) and one
-    hatched (forward+backward) bar per implementation; 1.0 means ``torch.add`` speed. Unmeasured
-    bars are marked ``n/a``.
+    hatched (forward+backward) bar per implementation; 1.0 means ``torch.add`` speed. Only
+    implementations with a measured bar get bars and legend entries; the colour says the
+    implementation, the hatch the direction (two legend entries); a run that raised says ``n/a``.
     """
     import matplotlib
 
@@ -104,8 +109,10 @@ def plot_ratios(rows: list[Row], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
+    from matplotlib.patches import Patch
+
     cases = list(dict.fromkeys(row.case for row in rows))
-    impls = list(dict.fromkeys(row.impl for row in rows))
+    impls = list(dict.fromkeys(row.impl for row in rows if row.ratio_fwd > 0 or row.ratio_fwdbwd > 0))
     by_key = {(row.case, row.impl): row for row in rows}
     n_bars = 2 * len(impls)
     width = 0.8 / n_bars
@@ -119,10 +126,9 @@ def plot_ratios(rows: list[Row], path: Path, title: str) -> Path:
             xs = [i - 0.4 + (2 * j + k + 0.5) * width for i in range(len(cases))]
             ys = [getattr(by_key[(c, impl)], attr) if (c, impl) in by_key else math.nan for c in cases]
             ax.bar(xs, ys, width, color=colors(j % 10),
-                   alpha=1.0 if k == 0 else 0.6, hatch=hatch, edgecolor="black", linewidth=0.4,
-                   label=f"{impl} {label}")
-            missing.extend(x for x, y in zip(xs, ys) if math.isnan(y))
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8, label="torch.add speed")
+                   alpha=1.0 if k == 0 else 0.6, hatch=hatch, edgecolor="black", linewidth=0.4)
+            missing.extend(x for x, y, c in zip(xs, ys, cases) if math.isnan(y) and (c, impl) in by_key)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
     if log:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -136,7 +142,11 @@ def plot_ratios(rows: list[Row], path: Path, title: str) -> Path:
     ax.set_xticks(range(len(cases)), labels, fontsize=7)
     ax.set_ylabel("speed relative to torch.add (same bytes moved)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    handles = [Patch(facecolor=colors(j % 10), edgecolor="black", label=impl) for j, impl in enumerate(impls)]
+    handles += [Patch(facecolor="white", edgecolor="black", label="forward"),
+                Patch(facecolor="white", edgecolor="black", hatch="//", label="forward+backward"),
+                plt.Line2D([], [], color="black", linestyle="--", label="torch.add speed")]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -149,7 +149,7 @@ def _bench_impl(impl: Impl, row: Row, inputs, ref: SliceReference, timer: Timer,
 def _bench_case(case: Case, size: str, impls: list[Impl], timer: Timer, device: torch.device,
                 dev_name: str, seed: int, tick: Callable[[], object]) -> list[Row]:
     shape = case.shape(size)
-    base = dict(case=case.name, size=size, shape=format_shape(shape), dim=case.dim,
+    base = dict(case=case.name, size="full" if shape == case.full else size, shape=format_shape(shape), dim=case.dim,
                 dtype=str(case.dtype).removeprefix("torch."), device=dev_name)
     rows = [Row(impl=impl.name, **base) for impl in impls]
     try:

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["scan_ref", "chunked_scan", "scan_backward_ref"]
+__all__ = ["scan_ref", "chunked_scan", "scan_backward_ref", "previous_state", "shifted_coeffs"]
 
 
 def scan_ref(x: torch.Tensor, coeffs: torch.Tensor, initial: torch.Tensor | None = None, dim: int = -1,
@@ -118,16 +118,40 @@ def scan_backward_ref(grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Tenso
     c = coeffs.expand(y.shape)
     if length == 0:
         return torch.zeros_like(y), torch.zeros_like(coeffs), torch.zeros_like(y.sum(dim))
-    # Coefficients shifted by one step against the scan direction; the boundary value is never used.
-    c_next = torch.roll(c, 1 if reverse else -1, dims=dim)
-    grad_x = scan(grad_y, c_next, None, dim, not reverse)
+    grad_x = scan(grad_y, shifted_coeffs(coeffs, y.dim(), dim, reverse), None, dim, not reverse)
     grad_y, y, c = (t.to(grad_x.device, grad_x.dtype) for t in (grad_y, y, c))
-    h0 = torch.zeros_like(y.select(dim, 0)) if initial is None else \
-        initial.to(grad_x.device, grad_x.dtype).expand(y.select(dim, 0).shape)
-    h0 = h0.unsqueeze(dim)
-    rest = y.narrow(dim, 0, length - 1) if not reverse else y.narrow(dim, 1, length - 1)
-    y_prev = torch.cat([h0, rest] if not reverse else [rest, h0], dim)
-    grad_c = (grad_x * y_prev).sum_to_size(coeffs.shape)
+    if initial is not None:
+        initial = initial.to(grad_x.device, grad_x.dtype)
+    grad_c = (grad_x * previous_state(y, initial, dim, reverse)).sum_to_size(coeffs.shape)
     first = 0 if not reverse else length - 1
     grad_h0 = grad_x.select(dim, first) * c.select(dim, first)
     return grad_x, grad_c, grad_h0
+
+
+def shifted_coeffs(coeffs: torch.Tensor, ndim: int, dim: int, reverse: bool) -> torch.Tensor:
+    """``coeffs`` one step ahead in the scan direction (``c[l+1]``; ``c[l-1]`` when ``reverse``), zero
+    past the end: the coefficients of the backward's reverse scan. Time-invariant coeffs (size 1 or
+    absent along ``dim``) are returned as they are, not materialized.
+
+    Args:
+        coeffs: broadcastable to a tensor of ``ndim`` dims. dim: the scanned dim, wrapped.
+    """
+    c = coeffs.reshape((1,) * (ndim - coeffs.dim()) + tuple(coeffs.shape))
+    length = c.shape[dim]
+    if length == 1:
+        return coeffs
+    edge = torch.zeros_like(c.narrow(dim, 0, 1))
+    if reverse:
+        return torch.cat([edge, c.narrow(dim, 0, length - 1)], dim)
+    return torch.cat([c.narrow(dim, 1, length - 1), edge], dim)
+
+
+def previous_state(y: torch.Tensor, initial: torch.Tensor | None, dim: int, reverse: bool) -> torch.Tensor:
+    """``y[l-1]`` at every step (``y[l+1]`` when ``reverse``), with ``initial`` (zero if None) at the
+    first step: the state each step's coefficient multiplies. ``dim`` wrapped, ``y.shape[dim] >= 1``."""
+    length = y.shape[dim]
+    first = y.narrow(dim, 0, 1)
+    h0 = torch.zeros_like(first) if initial is None else initial.expand(first.squeeze(dim).shape).unsqueeze(dim)
+    if reverse:
+        return torch.cat([y.narrow(dim, 1, length - 1), h0], dim)
+    return torch.cat([h0, y.narrow(dim, 0, length - 1)], dim)

@@ -164,3 +164,21 @@ def _setup_backward(ctx, inputs, output):
 
 torch.library.register_autograd("linrec::selective_scan_backward", _no_double_backward,
                                 setup_context=_setup_backward)
+
+_library.document_op("selective_scan", """linrec::selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None) -> (out, last_state)
+
+Mamba's selective SSM, fused: dt = softplus(delta + delta_bias) (when delta_softplus),
+h[l] = exp(dt A) h[l-1] + dt B[l] u[l], out = (sum_n C[l] h[l] + D u) * silu(z).
+u, delta, z: (B, D, L), any strides; A: (D, N); B, C: (D, N), (B, N, L) or (B, G, N, L);
+D, delta_bias: (D,); initial_state: (B, D, N). float32/float16/bfloat16 (float64 on the CPU).
+Returns out (B, D, L) in u's dtype and last_state (B, D, N) in float32 (float64 for float64 u).
+First-order gradients for every tensor input; double backward raises. Math:
+torch_linrec/selective/reference.py. Raises ValueError naming a bad argument.""")
+_library.document_op("selective_scan_backward", """linrec::selective_scan_backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state) -> 9 gradients
+
+The vector-Jacobian product of linrec::selective_scan: (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias,
+dinitial_state), each of its input's shape; an empty tensor for an absent optional input.
+Not differentiable (second order raises).""")
+for _name in ("_selective_scan_fwd_cpu", "_selective_scan_bwd_cpu"):
+    _library.document_op(_name, "Internal: the CPU kernel behind linrec::selective_scan (csrc/selective/cpu), called "
+                                "after the Python checks; use torch.ops.linrec.selective_scan.")

@@ -139,7 +139,7 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
   // The look-back is run by a whole warp (full-warp shuffles): a config of fewer threads (the
   // 2-byte 256-step tile) walks its sequences one block each instead.
   const bool whole_warp = tile_config(elem_size, config >= 0 ? config : lookback_default).threads >= 32;
-  if (tiles == 1 || p.num_seq >= 2 * resident_blocks || !whole_warp) {
+  if (tiles == 1 || p.num_seq >= 2 * resident_blocks || !whole_warp || p.deterministic) {
     // Enough sequences for two waves of blocks: a block walks all tiles of a sequence, the other
     // resident blocks hide its latency.
     plan.config = config >= 0 ? config : by_length;
@@ -147,7 +147,7 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
     plan.per_chunk = tiles;
   } else {
     // Fewer sequences than SMs can hide: one tile per block, the tiles of a sequence chained by
-    // look-back.
+    // look-back (not under deterministic algorithms, see params.h).
     plan.config = config >= 0 ? config : lookback_default;
     plan.num_chunks = ceil_div(L, tile_config(elem_size, plan.config).tile());
     plan.per_chunk = 1;
@@ -176,7 +176,7 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, const DeviceInfo& 
   const int64_t resident_blocks = dev.num_sms * cfg.min_blocks;
   // Pipe along L inside each block only when the channel blocks alone fill two waves; else every
   // span is its own block, chained by look-back.
-  if (spans == 1 || seq_blocks >= 2 * resident_blocks) {
+  if (spans == 1 || seq_blocks >= 2 * resident_blocks || p.deterministic) {
     plan.num_chunks = 1;
     plan.per_chunk = spans;
   } else {

@@ -19,8 +19,10 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
+from ..._library import document_op
 from .. import ops as _ops
 from ..checks import batch_shape, check_scan_args, check_scan_backward_args
+from ..functorch import register_functorch
 from ..layout import coalesce_batch_dims
 from . import kernels
 from .kernels import linrec_bwd_chan_kernel, linrec_bwd_seq_kernel, linrec_fwd_chan_kernel, linrec_fwd_seq_kernel
@@ -231,7 +233,17 @@ def _launch_backward(outs: tuple, dy: torch.Tensor, c: torch.Tensor, y: torch.Te
     return True
 
 
+_DOCS: dict[str, str] = {}
+
+
+def _documented(fn):
+    """Keeps ``fn``'s docstring for its op's ``__doc__`` (``triton_op`` returns an object without it)."""
+    _DOCS[fn.__name__] = fn.__doc__
+    return fn
+
+
 @torch.library.triton_op("linrec::scan_triton", mutates_args=())
+@_documented
 def scan_triton(x: torch.Tensor, coeffs: torch.Tensor, initial: Optional[torch.Tensor] = None, dim: int = -1,
                 reverse: bool = False, config: Optional[str] = None,
                 backward_config: Optional[str] = None) -> torch.Tensor:
@@ -272,6 +284,7 @@ def scan_triton(x: torch.Tensor, coeffs: torch.Tensor, initial: Optional[torch.T
 
 
 @torch.library.triton_op("linrec::scan_backward_triton", mutates_args=())
+@_documented
 def scan_backward_triton(grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Tensor,
                          initial: Optional[torch.Tensor], dim: int, reverse: bool,
                          config: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -337,3 +350,6 @@ def _opaque_when_interpreted(op_def) -> None:
 _opaque_when_interpreted(scan_triton)
 _opaque_when_interpreted(scan_backward_triton)
 _ops.register_scan_autograd("linrec::scan_triton")
+register_functorch("scan_triton", torch.ops.linrec.scan_triton)
+for _name, _doc in _DOCS.items():
+    document_op(_name, _doc)
