@@ -179,6 +179,6 @@ _library.document_op("selective_scan_backward", """linrec::selective_scan_backwa
 The vector-Jacobian product of linrec::selective_scan: (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias,
 dinitial_state), each of its input's shape; an empty tensor for an absent optional input.
 Not differentiable (second order raises).""")
-for _name in ("_selective_scan_fwd_cpu", "_selective_scan_bwd_cpu"):
-    _library.document_op(_name, "Internal: the CPU kernel behind linrec::selective_scan (csrc/selective/cpu), called "
-                                "after the Python checks; use torch.ops.linrec.selective_scan.")
+for _name in ("_selective_scan_fwd", "_selective_scan_bwd"):
+    _library.document_op(_name, "Internal: the CPU and CUDA C++ kernels behind linrec::selective_scan "
+                                "(csrc/selective), called after the Python checks; use torch.ops.linrec.selective_scan.")
