@@ -189,6 +189,9 @@ def check_problem(p: Problem, device="cpu") -> None:
         if g is None:  # the graph did not reach the input (nothing to scan)
             g = torch.zeros_like(l64, dtype=p.dtype)
         assert g.shape == l64.shape and g.dtype == p.dtype, what
+        if ref_leaf.abs().max() > torch.finfo(p.dtype).max:  # the sum overflows the dtype: inf is its value
+            assert not torch.isfinite(g).all(), f"grad {what}: finite where the sum overflows ({p})"
+            continue
         err = scaled_err(g, ref_leaf)
         full = p.shape if what != "initial" else [n for i, n in enumerate(p.shape) if i != p.dim % len(p.shape)]
         reduced = l64.numel() < math.prod(full)

@@ -195,7 +195,17 @@ def test_cuda_streams(backend):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and torch_linrec's CUDA kernels")
 def test_cuda_graph_capture_replay(backend, shape, cshape, dim):
-    """Forward and forward+backward captured in a CUDA graph replay to eager's bits (new inputs copied in)."""
+    """Forward and forward+backward captured in a CUDA graph replay to eager's bits (new inputs copied in).
+    Broadcast coeffs run deterministically: their gradient otherwise sums with atomics in any order."""
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(cshape is not None)
+    try:
+        _graph_capture_replay(backend, shape, cshape, dim)
+    finally:
+        torch.use_deterministic_algorithms(prev)
+
+
+def _graph_capture_replay(backend, shape, cshape, dim):
     x, c = _inputs(shape, "cuda", key=("graph",))
     if cshape is not None:
         c = c.reshape(-1)[:64].reshape(cshape)
