@@ -158,8 +158,10 @@ def test_autocast_model_cpu_bf16():
 
 def test_every_op_has_a_doc():
     import torch_linrec.linrec.triton  # noqa: F401  (loaded on first use otherwise)
-    names = ["scan", "scan_backward", "scan_triton", "scan_backward_triton", "selective_scan",
-             "selective_scan_backward", "_selective_scan_fwd_cpu", "_selective_scan_bwd_cpu"]
+    import torch_linrec.logscan  # noqa: F401
+    names = sorted({n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+                    if n.startswith("linrec::")})
+    assert {"scan", "scan_backward", "scan_triton", "selective_scan", "log_scan"} <= set(names)
     for name in names:
         op = getattr(torch.ops.linrec, name)
         assert op.__doc__ and "CustomOpDef" not in op.__doc__, name

@@ -92,8 +92,13 @@ def _fusion_pass():
     if _pass is None:
         here = os.path.dirname(os.path.abspath(__file__))
         files = tuple(os.path.join(here, name) for name in ("__init__.py", "fusion.py", "_inductor.py"))
-        _pass = _inductor.make_pass(fuse_selective_scan, files, lambda: f"fused_op={fused_op_available()}")
+        _pass = _inductor.make_pass(fuse_selective_scan, files, _pass_state)
     return _pass
+
+
+def _pass_state() -> str:
+    """What besides the source decides the rewrite (part of the pass's cache key)."""
+    return f"fused_op={fused_op_available()}"
 
 
 def fusion_stats() -> dict[str, int]:

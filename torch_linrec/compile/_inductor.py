@@ -72,31 +72,38 @@ def check_hooks() -> None:
         raise RuntimeError(f"Inductor's pre-grad passes no longer run {HOOK} {where}")
 
 
-def make_pass(function: Callable[[torch.fx.Graph], Any], files: tuple[str, ...],
-              state: Callable[[], str]) -> Callable[[torch.fx.Graph], None]:
-    """A pre-grad Inductor pass (a ``CustomGraphPass``) that calls ``function(graph)``.
+class GraphPass(_custom_graph_pass.CustomGraphPass):
+    """A pre-grad Inductor pass that calls ``function(graph)``; a module-level class so Inductor can
+    pickle it into its cache keys (``function`` and ``state`` must be module-level functions).
 
     Its ``uuid()``, which keys Inductor's and AOT autograd's caches, hashes the source ``files`` and
     ``state()`` (what else decides the rewrite).
+    """
+
+    def __init__(self, function: Callable[[torch.fx.Graph], Any], files: tuple[str, ...],
+                 state: Callable[[], str]):
+        self.function, self.files, self.state = function, files, state
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.function(graph)
+
+    def uuid(self) -> str:
+        digest = hashlib.sha256(self.state().encode())
+        for path in self.files:
+            with open(path, "rb") as f:
+                digest.update(f.read())
+        return digest.hexdigest()
+
+
+def make_pass(function: Callable[[torch.fx.Graph], Any], files: tuple[str, ...],
+              state: Callable[[], str]) -> GraphPass:
+    """The :class:`GraphPass` of ``function``, after checking that Inductor still runs the hook.
 
     Raises:
         RuntimeError: the hook moved (see :func:`check_hooks`).
     """
     check_hooks()
-
-    class _Pass(_custom_graph_pass.CustomGraphPass):
-        def __call__(self, graph: torch.fx.Graph) -> None:
-            function(graph)
-
-        def uuid(self) -> str:
-            digest = hashlib.sha256(state().encode())
-            for path in files:
-                with open(path, "rb") as f:
-                    digest.update(f.read())
-            return digest.hexdigest()
-
-    _Pass.__qualname__ = _Pass.__name__ = f"{function.__name__}_pass"
-    return _Pass()
+    return GraphPass(function, files, state)
 
 
 class _Chain:

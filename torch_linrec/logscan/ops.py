@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _library  # noqa: F401  (loads the library that defines the linrec ops)
+from .. import _library
 from ..api import scan
 from ..linrec.checks import batch_shape, check_batch_dims, check_scan_args
 
@@ -116,3 +116,12 @@ def _backward(ctx, grad):
 
 
 torch.library.register_autograd("linrec::log_scan", _backward, setup_context=_setup_context)
+
+_library.document_op("log_scan", """linrec::log_scan(log_x, log_coeffs, initial=None, dim=-1, reverse=False) -> Tensor
+
+The linear recurrence of positive states in log space: log_h[l] = logaddexp(log_coeffs[l] + log_h[l-1],
+log_x[l]) along `dim`, log_h[-1] = initial (a log state; -inf, i.e. h = 0, when None); reverse=True
+runs from the end. log_coeffs broadcasts against log_x, initial against log_x's shape without `dim`;
+-inf inputs (log 0) are exact. float32/float16/bfloat16 accumulate in float32 (float64 on the CPU).
+Differentiable to any order (its backward is a linear scan). Math: Feng et al. 2024, "Were RNNs All
+We Needed?"; torch_linrec/logscan/reference.py. Raises ValueError naming a bad argument.""")
