@@ -145,11 +145,13 @@ def _call(p: Problem, x, c, h0):
 
 def _tol(p: Problem, reduced: bool = False) -> float:
     """TOL of the dtype; float32 x4 (sums of up to 5000 terms round at ~sqrt(n) ulps). ``reduced``:
-    the gradient of a broadcast operand, a sum over up to 5000 elements of terms that cancel, x4 (on
-    the CPU the float16/bfloat16 kernels also round each term to the dtype before the sum; CUDA
-    accumulates in float32 with atomics in any order: H100 fuzz runs reached 6.8e-5 in float32 and
-    0.020 in bfloat16)."""
+    the gradient of a broadcast operand, a sum over up to 5000 elements of terms that may cancel,
+    checked relative to the sum of |terms| (the float16/bfloat16 output y the backward reads is
+    rounded; on the CPU each term is also rounded before the sum), x4 (H100 fuzz runs reached 6.8e-5
+    in float32 and, relative to max|grad|, 0.14 in bfloat16 on a cancelling sum)."""
     scale = (4 if p.dtype == torch.float32 else 1) * (4 if reduced else 1)
+    if reduced and p.dtype == torch.bfloat16:  # 8-bit mantissa: on (1024, 1, 1, 3, 2) (seed 12626) even the
+        scale *= 3  # pure-PyTorch reference in bfloat16 is 0.08 off (native CPU and CUDA 0.056, 0.14 vs max|grad|)
     return TOL[p.dtype] * scale
 
 
@@ -194,9 +196,14 @@ def check_problem(p: Problem, device="cpu") -> None:
         if ref_leaf.numel() and ref_leaf.abs().max() > torch.finfo(p.dtype).max:  # overflows the dtype: inf is right
             assert not torch.isfinite(g).all(), f"grad {what}: finite where the sum overflows ({p})"
             continue
-        err = scaled_err(g, ref_leaf)
         full = p.shape if what != "initial" else [n for i, n in enumerate(p.shape) if i != p.dim % len(p.shape)]
         reduced = l64.numel() < math.prod(full)
+        if reduced:  # a sum of terms that may cancel: errors scale with the sum of |terms|
+            terms = torch.autograd.grad(view, l64, g_ref.abs().reshape(view.shape))[0]
+            floor = ref_leaf.abs().max().clamp_min(1.0) if ref_leaf.numel() else 1.0
+            err = ((g.to("cpu", F64) - ref_leaf).abs() / terms.clamp_min(floor)).max().item() if g.numel() else 0.0
+        else:
+            err = scaled_err(g, ref_leaf)
         assert err <= _tol(p, reduced), f"grad {what}: scaled error {err:.3g} ({p})"
 
 
