@@ -3,7 +3,8 @@
 #include <numeric>
 
 #include "launch.h"
-#include "selective_scan.cuh"
+#include "selective_bwd.cuh"
+#include "selective_fwd.cuh"
 
 namespace linrec {
 namespace selective {

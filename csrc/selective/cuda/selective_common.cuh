@@ -1,0 +1,197 @@
+// CUDA kernels of the selective scan (linrec::selective_scan; math in
+// torch_linrec/selective/reference.py, after Gu & Dao 2023, "Mamba", Algorithm 2):
+//   dt[l] = softplus(delta[l] + bias),  h[n,l] = exp(dt A[n]) h[n,l-1] + dt B[n,l] u[l],
+//   y[l] = sum_n C[n,l] h[n,l] + D u[l],  out[l] = y[l] silu(z[l]).
+//
+// One pass over L per channel: a thread owns SPT states of one (batch, channel) row and walks the
+// steps in order, its states in registers; the TPC = NP / SPT threads of a channel are adjacent
+// lanes and sum y over their states with shuffles. A block's channels share their B and C rows
+// (one group of each), so B and C are staged per tile of TS steps in shared memory with cp.async,
+// the next tile in flight while the block computes the current one. The forward reads u, delta, z
+// as 32-byte groups of steps per thread, the next group in flight.
+//
+// Backward: the forward kernel first stores the state after every tile (the only (batch, dim,
+// L / TS, N) buffer). The backward kernel walks tiles from the last: it stages the block's rows of
+// u, delta, z and the output gradient in shared memory, recomputes the states entering each 16-step
+// sub-chunk, then for each sub-chunk from the last recomputes its 16 states into registers and
+// runs the adjoint g[n,l] = C[n,l] dy[l] + exp(dt[l+1] A[n]) g[n,l+1] backwards. dB and dC sum over
+// the channels of a group: the lanes of a warp reduce-scatter them with shuffles, the warps of a
+// block add into shared memory, and each block adds its sub-chunk to global memory with vector
+// atomics.
+#pragma once
+#include "../../linrec/cuda/scan_common.cuh"  // to_float, from_float
+#include "params.h"
+
+namespace linrec {
+namespace selective {
+
+constexpr int kThreads = 128;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// log(1 + e^x) to float32 accuracy with fast exp/log: the series below e^x < 2^-6.
+__device__ __forceinline__ float softplus(float x) {
+  if (x > 20.f) return x;
+  const float e = __expf(x);
+  return x > -4.f ? __logf(1.f + e) : e * (1.f - e * (0.5f - e * (1.f / 3.f)));
+}
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+
+template <typename T>
+__device__ __forceinline__ T* row(const Strided3& t, int64_t b, int64_t d) {
+  return static_cast<T*>(t.p) + b * t.sb + d * t.sd;
+}
+
+template <typename T> __device__ __forceinline__ uint32_t bits(T v);
+template <> __device__ __forceinline__ uint32_t bits<float>(float v) { return __float_as_uint(v); }
+template <> __device__ __forceinline__ uint32_t bits<__half>(__half v) { return __half_as_ushort(v); }
+template <> __device__ __forceinline__ uint32_t bits<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+
+template <typename T> __device__ __forceinline__ float from_bits(uint32_t w);
+template <> __device__ __forceinline__ float from_bits<float>(uint32_t w) { return __uint_as_float(w); }
+template <> __device__ __forceinline__ float from_bits<__half>(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w)));
+}
+template <> __device__ __forceinline__ float from_bits<__nv_bfloat16>(uint32_t w) { return __uint_as_float(w << 16); }
+
+// The raw bits of one element, loaded as an integer: cuda_bf16.h converts with inline asm, which
+// would make each load complete before the next is issued; converting later (from_bits) keeps a
+// thread's loads in flight together.
+template <typename T>
+__device__ __forceinline__ uint32_t load_bits(const T* p) {
+  if constexpr (sizeof(T) == 2) return __ldg(reinterpret_cast<const unsigned short*>(p));
+  else return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+
+// 32 bytes of consecutive steps of one row (V steps), as raw words.
+template <typename T>
+struct Steps {
+  static constexpr int V = 32 / sizeof(T);
+  static constexpr int kPerWord = 4 / sizeof(T);
+  uint32_t w[8];
+
+  // Steps l .. l+V-1 (zero past len); `vec`: unit stride and 16-byte aligned rows.
+  __device__ __forceinline__ void load(const T* r, int64_t sl, int64_t l, int64_t len, bool vec) {
+    if (vec && l + V <= len) {
+      const uint4* p = reinterpret_cast<const uint4*>(r + l);
+      const uint4 a = __ldg(p), b = __ldg(p + 1);
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int j = 0; j < kPerWord; ++j) {
+        const int64_t s = l + k * kPerWord + j;
+        if (s < len) word |= load_bits<T>(r + s * sl) << (16 * j);
+      }
+      w[k] = word;
+    }
+  }
+  __device__ __forceinline__ float operator[](int i) const {
+    return from_bits<T>(kPerWord == 1 ? w[i] : (w[i / kPerWord] >> (16 * (i % kPerWord))) & 0xffffu);
+  }
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void store_steps(T* r, int64_t sl, int64_t l, int64_t len, bool vec, const float (&v)[V]) {
+  if (vec && l + V <= len) {
+    uint32_t w[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      w[k] = 0;
+#pragma unroll
+      for (int j = 0; j < 4 / static_cast<int>(sizeof(T)); ++j)
+        w[k] |= bits<T>(from_float<T>(v[k * (4 / sizeof(T)) + j])) << (16 * j);
+    }
+    uint4* p = reinterpret_cast<uint4*>(r + l);
+    p[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    p[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (l + i < len) r[(l + i) * sl] = from_float<T>(v[i]);
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool full) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Starts copying steps [t0, t0 + TS) of the block's B and C rows ((len, NP) float32, contiguous)
+// into `dst` (B then C, TS x NP floats each); steps past len read as zero.
+template <int NP, int TS>
+__device__ __forceinline__ void stage_bc(float* dst, const float* B, const float* C, int64_t t0, int64_t len) {
+  constexpr int kVecs = TS * NP / 4;
+  for (int i = threadIdx.x; i < 2 * kVecs; i += kThreads) {
+    const int j = i < kVecs ? i : i - kVecs;
+    const int64_t step = t0 + (4 * j) / NP;
+    const float* src = (i < kVecs ? B : C) + t0 * NP + 4 * j;
+    const bool full = step < len;
+    cp_async16(dst + 4 * i, full ? src : B, full);
+  }
+  cp_async_commit();
+}
+
+// The SPT values of state n0 onwards at one step of a staged (TS, NP) tile.
+template <int SPT>
+__device__ __forceinline__ void states_at(const float* tile, float (&out)[SPT]) {
+#pragma unroll
+  for (int k = 0; k < SPT / 4; ++k) {
+    const float4 v = reinterpret_cast<const float4*>(tile)[k];
+    out[4 * k] = v.x, out[4 * k + 1] = v.y, out[4 * k + 2] = v.z, out[4 * k + 3] = v.w;
+  }
+}
+
+// Sum over the TPC adjacent lanes of a channel.
+template <int TPC>
+__device__ __forceinline__ float channel_sum(float v) {
+#pragma unroll
+  for (int m = 1; m < TPC; m *= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+struct Groups {
+  int64_t b, c, segment;  // groups of B, of C; channels in a segment (dim / lcm of both)
+};
+
+// The channel a thread works on. Blocks cover one (batch, segment) each, so that the block's
+// channels share their B and C rows.
+struct Channel {
+  int64_t b, d, row, first_d;  // row = b * dim + d; first_d: the block's first channel
+  int64_t gb, gc;              // groups of B and C
+  int count;                   // channels of the block inside the segment
+  bool valid;
+};
+
+template <int CPB>
+__device__ __forceinline__ Channel channel_of(const SelectiveParams& p, const Groups& grp) {
+  const int64_t blocks_per_seg = (grp.segment + CPB - 1) / CPB;
+  const int64_t seg = blockIdx.x / blocks_per_seg;
+  const int64_t first = (blockIdx.x - seg * blocks_per_seg) * CPB;
+  const int64_t groups = p.dim / grp.segment;
+  Channel c;
+  c.b = seg / groups;
+  c.first_d = (seg - c.b * groups) * grp.segment + first;
+  c.count = static_cast<int>(min(static_cast<int64_t>(CPB), grp.segment - first));
+  int in_block = threadIdx.x / (kThreads / CPB);
+  c.valid = in_block < c.count;
+  if (!c.valid) in_block = c.count - 1;  // computes a real channel's steps, stores nothing
+  c.d = c.first_d + in_block;
+  c.row = c.b * p.dim + c.d;
+  c.gb = c.d / (p.dim / grp.b);
+  c.gc = c.d / (p.dim / grp.c);
+  return c;
+}
+
+__device__ __forceinline__ float step_dt(float delta, float bias, bool sp) {
+  const float raw = delta + bias;
+  return sp ? softplus(raw) : raw;
+}
+
+}  // namespace selective
+}  // namespace linrec
