@@ -18,16 +18,22 @@ cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStr
   const int64_t blocks = p.batch * groups * ((grp.segment + CPB - 1) / CPB);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if (blocks == 0) return cudaSuccess;
-  constexpr int smem = kBackward ? backward_smem<SPT, TPC>() : forward_smem<SPT, TPC>();
+  int smem;
   const void* kernel;
-  if constexpr (kBackward) kernel = reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC>);
-  else kernel = reinterpret_cast<const void*>(&forward_kernel<T, SPT, TPC>);
+  if constexpr (kBackward) {
+    smem = backward_smem<SPT, TPC>();
+    kernel = reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC>);
+  } else {
+    smem = forward_smem<SPT, TPC>();
+    kernel = reinterpret_cast<const void*>(&forward_kernel<T, SPT, TPC>);
+  }
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (kBackward) backward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp);
-  else forward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp, launch.vector_loads);
+  if constexpr (kBackward) backward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp, launch.loads);
+  else forward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp, launch.vector_stores,
+                                                                       launch.loads);
   return cudaGetLastError();
 }
 
@@ -55,7 +61,6 @@ cudaError_t dispatch(const SelectiveParams& p, const SelectiveLaunch& launch, bo
     LINREC_SELECTIVE_CASE(8, 4)
     LINREC_SELECTIVE_CASE(8, 8)
     LINREC_SELECTIVE_CASE(8, 16)
-    LINREC_SELECTIVE_CASE(8, 32)
     LINREC_SELECTIVE_CASE(4, 4)
     LINREC_SELECTIVE_CASE(4, 8)
     LINREC_SELECTIVE_CASE(4, 16)

@@ -5,25 +5,6 @@
 namespace linrec {
 namespace selective {
 
-// Reduce-scatter over the channels of a warp (lane bits from 16 down to TPC): each level halves
-// the values a lane holds, adding its partner's other half. Leaves NV / CPW values per lane: those
-// of original index `off` onwards.
-template <int CNT, int M, int TPC>
-__device__ __forceinline__ void reduce_scatter(float* v, int lane, int& off) {
-  if constexpr (M >= TPC) {
-    constexpr int H = CNT / 2;
-    const bool hi = lane & M;
-#pragma unroll
-    for (int i = 0; i < H; ++i) {
-      const float send = hi ? v[i] : v[i + H];
-      const float keep = hi ? v[i + H] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, M);
-    }
-    off += hi ? H : 0;
-    reduce_scatter<H, M / 2, TPC>(v, lane, off);
-  }
-}
-
 // Element i of a block's (CPB, TS) tile of rows: consecutive threads walk the contiguous dim.
 template <int CPB, int TS>
 __device__ __forceinline__ void tile_pos(int i, bool steps_fast, int* ch, int* s) {
@@ -39,33 +20,13 @@ struct BackwardTiles {
 };
 
 template <typename T, int CPB, int TS>
-__device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0,
+__device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0, int loads,
                                                     const BackwardTiles& tl) {
-  constexpr int kPer = (CPB * TS + kThreads - 1) / kThreads;
-  const bool steps_fast = p.u.sl == 1;
+  const Strided3 in[4] = {p.u, p.delta, p.dout, p.z};
   const bool has_z = p.z.p != nullptr;
-  uint32_t bu[kPer], bdelta[kPer], bdout[kPer], bz[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    int ch, s;
-    tile_pos<CPB, TS>(i, steps_fast, &ch, &s);
-    const bool in = i < CPB * TS && ch < c.count && t0 + s < p.len;
-    const int64_t d = c.first_d + ch, l = t0 + s;
-    bu[k] = in ? load_bits<T>(row<const T>(p.u, c.b, d) + l * p.u.sl) : 0u;
-    bdelta[k] = in ? load_bits<T>(row<const T>(p.delta, c.b, d) + l * p.delta.sl) : 0u;
-    bdout[k] = in ? load_bits<T>(row<const T>(p.dout, c.b, d) + l * p.dout.sl) : 0u;
-    bz[k] = in && has_z ? load_bits<T>(row<const T>(p.z, c.b, d) + l * p.z.sl) : 0u;
-  }
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    if (i >= CPB * TS) continue;
-    int ch, s;
-    tile_pos<CPB, TS>(i, steps_fast, &ch, &s);
+  for_tile<T, CPB, TS, 4>(in, c.b, c.first_d, c.count, t0, p.len, loads, [&](int ch, int s, const float(&v)[4]) {
     const int at = ch * (TS + 1) + s;
-    const float u = from_bits<T>(bu[k]), delta = from_bits<T>(bdelta[k]);
-    const float dout = from_bits<T>(bdout[k]), z = from_bits<T>(bz[k]);
+    const float u = v[0], delta = v[1], dout = v[2], z = v[3];
     const float raw = delta + (p.delta_bias && ch < c.count ? p.delta_bias[c.first_d + ch] : 0.f);
     tl.dt[at] = p.softplus ? softplus(raw) : raw;
     tl.dscale[at] = p.softplus ? sigmoid(raw) : 1.f;
@@ -77,7 +38,7 @@ __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, co
     } else {
       tl.dy[at] = dout;
     }
-  }
+  });
 }
 
 template <typename T, int CPB, int TS>
@@ -114,7 +75,8 @@ struct BackwardSmem {
 };
 
 template <typename T, int SPT, int TPC>
-__global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParams p, const Groups grp) {
+__global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParams p, const Groups grp,
+                                                            const int loads) {
   using L = BackwardSmem<SPT, TPC>;
   constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB;
   constexpr int CPW = 32 / TPC, NV = 2 * SPT;
@@ -149,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
   for (int64_t k = ntiles - 1; k >= 0; --k) {
     const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
     const int nsub = static_cast<int>((t1 - t0 + S - 1) / S);
-    load_backward_tiles<T, CPB, TS>(p, c, t0, tl);
+    load_backward_tiles<T, CPB, TS>(p, c, t0, loads, tl);
     if (k > 0) {
       stage_bc<NP, TS>(smem + ((k - 1) % 2) * 2 * TS * NP, Bg, Cg, t0 - TS, len);
       cp_async_wait<1>();
@@ -252,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
           tl.dt[cl * (TS + 1) + s] = ddelta;
         }
         int off = 0;
-        reduce_scatter<NV, 16, TPC>(v, lane, off);
+        reduce_scatter<NV, 16, TPC>(v, lane, off);  // over the warp's channels
 #pragma unroll
         for (int i = 0; i < NV / CPW; ++i) {
           const int j2 = off + i;  // dB state n0 + j2, or dC state n0 + j2 - SPT
