@@ -66,7 +66,7 @@ __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, c
 template <int SPT, int TPC>
 struct BackwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
-  static constexpr int S = 8, kMaxSub = TS / S, kWarps = kThreads / 32;
+  static constexpr int S = 4, kMaxSub = TS / S, kWarps = kThreads / 32;
   static constexpr bool kWarpSlices = NP <= 64;
   static constexpr int kRows = 4 * TS * NP, kTile = CPB * (TS + 1);
   static constexpr int kSub = kRows + 5 * kTile;                          // sub-chunk entry states
@@ -74,8 +74,9 @@ struct BackwardSmem {
   static constexpr int kFloats = kRed + (kWarpSlices ? kWarps : 1) * S * 2 * NP;
 };
 
-template <typename T, int SPT, int TPC>
-__global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParams p, const Groups grp,
+template <typename T, int SPT, int TPC, int kMinBlocks>
+// 3 blocks (12 warps) per SM: 168 registers at most (without a bound the compiler takes ~230).
+__global__ void __launch_bounds__(kThreads, kMinBlocks) backward_kernel(const SelectiveParams p, const Groups grp,
                                                             const int loads) {
   using L = BackwardSmem<SPT, TPC>;
   constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB;
@@ -123,12 +124,16 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
     const float* sC = sB + TS * NP;
 
     // One step forward of the states a thread owns (s: step within the tile).
-    auto advance = [&](int s, float(&h)[SPT]) {
+    // (a: the step's decays exp(dt A), kept for the adjoint.)
+    auto advance = [&](int s, float(&h)[SPT], float(&a)[SPT]) {
       const float dt = r_dt[s], dtu = dt * r_u[s];
       float Bv[SPT];
       states_at<SPT>(sB + s * NP, Bv);
 #pragma unroll
-      for (int n = 0; n < SPT; ++n) h[n] = fmaf(exp2f(dt * A2[n]), h[n], dtu * Bv[n]);
+      for (int n = 0; n < SPT; ++n) {
+        a[n] = exp2f(dt * A2[n]);
+        h[n] = fmaf(a[n], h[n], dtu * Bv[n]);
+      }
     };
 
     // Pass 1: the states entering each sub-chunk, into shared memory (thread-major: conflict-free).
@@ -146,13 +151,16 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
         for (int n = 0; n < SPT; ++n) sub[(j * SPT + n) * kThreads] = h[n];
         if (j + 1 < nsub)
 #pragma unroll
-          for (int t = 0; t < S; ++t) advance(j * S + t, h);
+          for (int t = 0; t < S; ++t) {
+            float a[SPT];
+            advance(j * S + t, h, a);
+          }
       }
     }
 #pragma unroll 1
     for (int j = nsub - 1; j >= 0; --j) {
       const int s0 = j * S;
-      float hs[S][SPT], h0s[SPT];
+      float hs[S][SPT], as[S][SPT], h0s[SPT];
       {
         float h[SPT];
 #pragma unroll
@@ -160,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
 #pragma unroll
         for (int t = 0; t < S; ++t) {
           if (t0 + s0 + t < t1) {
-            advance(s0 + t, h);
+            advance(s0 + t, h, as[t]);
             if (has_z) {  // dz = y silu'(z) dout, with y recomputed from the states
               float Cv[SPT], y = 0.f;
               states_at<SPT>(sC + (s0 + t) * NP, Cv);
@@ -194,15 +202,15 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
 #pragma unroll
         for (int n = 0; n < SPT; ++n) {
           const float hp = t > 0 ? hs[t > 0 ? t - 1 : 0][n] : h0s[n];
-          const float a = exp2f(dt * A2[n]);
+          const float a = as[t][n];
           g[n] = fmaf(a_next[n], g[n], dy * Cv[n]);
           a_next[n] = a;
           const float gah = g[n] * a * hp;
           ddt_a = fmaf(gah, A2[n], ddt_a);  // times ln 2 below: A = A2 ln 2
           dub = fmaf(g[n], Bv[n], dub);
           dA[n] = fmaf(gah, dt, dA[n]);
-          v[n] = c.valid ? g[n] * dtu : 0.f;
-          v[SPT + n] = c.valid ? dy * hs[t][n] : 0.f;
+          v[n] = g[n] * dtu;  // zero for the padding channels of a block: their u and dy are 0
+          v[SPT + n] = dy * hs[t][n];
         }
         const float sa = channel_sum<TPC>(ddt_a), sb = channel_sum<TPC>(dub);
         const float ddelta = fmaf(sa, kLn2, sb * u) * tl.dscale[cl * (TS + 1) + s];

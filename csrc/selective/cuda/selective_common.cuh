@@ -219,11 +219,11 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Starts copying steps [t0, t0 + TS) of the block's B and C rows ((len, NP) float32, contiguous)
-// into `dst` (B then C, TS x NP floats each); steps past len read as zero.
-template <int NP, int TS>
+// into `dst` (B then C, TS x NP floats each; B only when !kC); steps past len read as zero.
+template <int NP, int TS, bool kC = true>
 __device__ __forceinline__ void stage_bc(float* dst, const float* B, const float* C, int64_t t0, int64_t len) {
   constexpr int kVecs = TS * NP / 4;
-  for (int i = threadIdx.x; i < 2 * kVecs; i += kThreads) {
+  for (int i = threadIdx.x; i < (kC ? 2 : 1) * kVecs; i += kThreads) {
     const int j = i < kVecs ? i : i - kVecs;
     const int64_t step = t0 + (4 * j) / NP;
     const float* src = (i < kVecs ? B : C) + t0 * NP + 4 * j;

@@ -19,8 +19,9 @@ struct ForwardSmem {
 };
 
 // 4 blocks (16 warps) per SM at up to 8 states per thread: the unrolled group's B and C loads would
-// otherwise take ~150 registers and 3 blocks per SM.
-template <typename T, int SPT, int TPC>
+// otherwise take ~150 registers and 3 blocks per SM. kOut = false: the backward's checkpoint pass,
+// which needs only the states (no C, z, y or out).
+template <typename T, int SPT, int TPC, bool kOut>
 __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(const SelectiveParams p, const Groups grp, const bool vec,
                                                            const int loads) {
   using L = ForwardSmem<SPT, TPC>;
@@ -39,17 +40,17 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
   for (int i = threadIdx.x; i < CPB; i += kThreads)
     sbias[i] = p.delta_bias && i < c.count ? p.delta_bias[c.first_d + i] : 0.f;
   const float Dd = p.D ? p.D[c.d] : 0.f;
-  const bool has_z = p.z.p != nullptr;
-  T* outr = p.out.p ? row<T>(p.out, c.b, c.d) : nullptr;
+  const bool has_z = kOut && p.z.p != nullptr;
+  T* outr = kOut && p.out.p ? row<T>(p.out, c.b, c.d) : nullptr;
   const float* Bg = p.B + (c.b * grp.b + c.gb) * len * NP;
   const float* Cg = p.C + (c.b * grp.c + c.gc) * len * NP;
   float2* dd = reinterpret_cast<float2*>(smem + L::kDd);
   float2* ug = reinterpret_cast<float2*>(smem + L::kUg);
   const float4* rdd = reinterpret_cast<const float4*>(smem + L::kDd + cl * RS);
   const float2* rug = reinterpret_cast<const float2*>(smem + L::kUg + cl * RS);
-  const Strided3 io[3] = {p.u, p.delta, p.z};
+  const Strided3 io[3] = {p.u, p.delta, kOut ? p.z : Strided3{}};
   const int64_t ntiles = (len + TS - 1) / TS;
-  if (ntiles > 0) stage_bc<NP, TS>(smem, Bg, Cg, 0, len);
+  if (ntiles > 0) stage_bc<NP, TS, kOut>(smem, Bg, Cg, 0, len);
   for (int64_t k = 0; k < ntiles; ++k) {
     const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
     __syncthreads();  // the previous tile's per-step rows are read; sbias is written
@@ -57,11 +58,11 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
       const bool in = ch < c.count && t0 + s < len;
       const float dt = in ? step_dt(v[1], sbias[ch], p.softplus) : 0.f;  // padding steps keep the state
       dd[ch * (RS / 2) + s] = make_float2(dt, dt * v[0]);
-      ug[ch * (RS / 2) + s] = make_float2(v[0], has_z ? v[2] * sigmoid(v[2]) : 1.f);
+      if (kOut) ug[ch * (RS / 2) + s] = make_float2(v[0], has_z ? v[2] * sigmoid(v[2]) : 1.f);
     });
     cp_async_wait<0>();
     __syncthreads();
-    if (k + 1 < ntiles) stage_bc<NP, TS>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
+    if (k + 1 < ntiles) stage_bc<NP, TS, kOut>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
     const float* sB = smem + (k % 2) * 2 * TS * NP + n0;
     const float* sC = sB + TS * NP;
     for (int g = 0; g < t1 - t0; g += V) {
@@ -72,27 +73,30 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
 #pragma unroll
         for (int i2 = 0; i2 < 2; ++i2) {
           const float dt = i2 ? q.z : q.x, dtu = i2 ? q.w : q.y;
-          float Bv[SPT], Cv[SPT];
+          float Bv[SPT];
           states_at<SPT>(sB + (g + i + i2) * NP, Bv);
-          states_at<SPT>(sC + (g + i + i2) * NP, Cv);
-          float acc = 0.f;
 #pragma unroll
-          for (int n = 0; n < SPT; ++n) {
-            h[n] = fmaf(exp2f(dt * A2[n]), h[n], dtu * Bv[n]);
-            acc = fmaf(Cv[n], h[n], acc);
+          for (int n = 0; n < SPT; ++n) h[n] = fmaf(exp2f(dt * A2[n]), h[n], dtu * Bv[n]);
+          if constexpr (kOut) {
+            float Cv[SPT], acc = 0.f;
+            states_at<SPT>(sC + (g + i + i2) * NP, Cv);
+#pragma unroll
+            for (int n = 0; n < SPT; ++n) acc = fmaf(Cv[n], h[n], acc);
+            y[i + i2] = acc;
           }
-          y[i + i2] = acc;
         }
       }
-      int off = 0;  // this lane's E steps of the group: g + off ..
-      reduce_scatter<V, TPC / 2, 1>(y, lane, off);
-      float o[E];
+      if constexpr (kOut) {
+        int off = 0;  // this lane's E steps of the group: g + off ..
+        reduce_scatter<V, TPC / 2, 1>(y, lane, off);
+        float o[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const float2 r = rug[g + off + e];
-        o[e] = fmaf(Dd, r.x, y[e]) * r.y;
+        for (int e = 0; e < E; ++e) {
+          const float2 r = rug[g + off + e];
+          o[e] = fmaf(Dd, r.x, y[e]) * r.y;
+        }
+        if (outr && c.valid) store_run<T, E>(outr, p.out.sl, t0 + g + off, len, vec, o);
       }
-      if (outr && c.valid) store_run<T, E>(outr, p.out.sl, t0 + g + off, len, vec, o);
     }
     if (p.ckpt && t1 < len && c.valid) {
       float* ck = p.ckpt + (c.row * ntiles + k) * NP + n0;

@@ -71,12 +71,11 @@ int tile_loads(std::initializer_list<const Tensor*> ts) {
   return steps ? kStepVectors : channels ? kChannelVectors : kScalarLoads;
 }
 
-// Forward: 8 states per thread (8 independent exp2s per step; 16 leave too few warps to hide the
-// loads, H100 sweep in bench/NOTES.md); 4 when the channels alone leave the SMs short of threads;
-// at least N_pad / 16 (16 threads per channel at most: a group of 16 steps is reduce-scattered).
-int forward_states_per_thread(int64_t channels, int64_t np, int sms, int64_t requested) {
-  if (requested == 4 || requested == 8 || requested == 16) return static_cast<int>(std::max<int64_t>(requested, np / 16));
-  const int spt = channels * (np / 8) < static_cast<int64_t>(sms) * 128 ? 4 : 8;
+// Forward: 4 states per thread (H100: 0.34 ms vs 0.40 at 8 and 0.59 at 16 on the Mamba-370m
+// shape, bench/NOTES.md); at least N_pad / 16 (16 threads per channel at most: a group of 16 steps
+// is reduce-scattered over a channel's threads). `requested` (4, 8 or 16) overrides the default.
+int forward_states_per_thread(int64_t np, int64_t requested) {
+  const int64_t spt = requested == 4 || requested == 8 || requested == 16 ? requested : 4;
   return static_cast<int>(std::max<int64_t>(spt, np / 16));
 }
 
@@ -146,8 +145,6 @@ Prepared prepare(const Tensor& u, const Tensor& delta, const Tensor& A, const Te
   return r;
 }
 
-int sm_count(const Tensor& u) { return at::cuda::getDeviceProperties(u.device().index())->multiProcessorCount; }
-
 std::tuple<Tensor, Tensor> selective_scan_fwd_cuda(const Tensor& u, const Tensor& delta, const Tensor& A,
                                                    const Tensor& B, const Tensor& C, const OptTensor& D,
                                                    const OptTensor& z, const OptTensor& delta_bias,
@@ -161,7 +158,7 @@ std::tuple<Tensor, Tensor> selective_scan_fwd_cuda(const Tensor& u, const Tensor
   p.out = strided(out);
   p.last = last.data_ptr<float>();
   SelectiveLaunch l;
-  l.states_per_thread = forward_states_per_thread(p.batch * p.dim, p.nstate_pad, sm_count(u), states_per_thread);
+  l.states_per_thread = forward_states_per_thread(p.nstate_pad, states_per_thread);
   l.vector_stores = rows_aligned(out);
   l.loads = tile_loads({&u, &delta, z ? &*z : nullptr});
   check_launch(launch(u.scalar_type(), p, l, false));
@@ -184,8 +181,8 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
   Tensor ckpt = at::empty({nchunks > 1 ? p.batch * p.dim * nchunks * p.nstate_pad : 0}, f32);
   p.ckpt = nchunks > 1 ? ckpt.data_ptr<float>() : nullptr;
   SelectiveLaunch fl;
-  fl.states_per_thread = forward_states_per_thread(p.batch * p.dim, p.nstate_pad, sm_count(u), states_per_thread);
-  fl.loads = tile_loads({&u, &delta, z ? &*z : nullptr});
+  fl.states_per_thread = forward_states_per_thread(p.nstate_pad, 0);  // p.out null: the states-only kernel
+  fl.loads = tile_loads({&u, &delta});
   if (p.ckpt) check_launch(launch(u.scalar_type(), p, fl, false));
 
   Tensor du = at::empty_like(u), ddelta = at::empty_like(delta);
@@ -208,6 +205,7 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
   p.dh0 = dh0.data_ptr<float>();
   SelectiveLaunch bl;
   bl.states_per_thread = backward_states_per_thread(p.nstate_pad);
+  bl.probe = states_per_thread == 99;
   bl.loads = tile_loads({&u, &delta, &grad_out, z ? &*z : nullptr});
   check_launch(launch(u.scalar_type(), p, bl, true));
   const int64_t n = p.nstate;
