@@ -10,7 +10,7 @@ namespace linrec {
 namespace selective {
 
 // kBackward: the backward kernel; else the forward kernel, its checkpoint-only form when p.out is null.
-template <typename T, int SPT, int TPC, bool kBackward, bool kOut = true, int kMinBlocks = 3>
+template <typename T, int SPT, int TPC, bool kBackward, bool kOut = true>
 cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStream_t stream) {
   constexpr int CPB = kThreads / TPC;
   // Blocks stay inside one segment of channels sharing their B and C groups.
@@ -23,7 +23,7 @@ cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStr
   const void* kernel;
   if constexpr (kBackward) {
     smem = backward_smem<SPT, TPC>();
-    kernel = reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC, kMinBlocks>);
+    kernel = reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC>);
   } else {
     smem = forward_smem<SPT, TPC>();
     kernel = reinterpret_cast<const void*>(&forward_kernel<T, SPT, TPC, kOut>);
@@ -32,7 +32,7 @@ cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStr
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (kBackward) backward_kernel<T, SPT, TPC, kMinBlocks><<<blocks, kThreads, smem, stream>>>(p, grp, launch.loads);
+  if constexpr (kBackward) backward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp, launch.loads);
   else forward_kernel<T, SPT, TPC, kOut><<<blocks, kThreads, smem, stream>>>(p, grp, launch.vector_stores,
                                                                        launch.loads);
   return cudaGetLastError();
@@ -47,7 +47,7 @@ cudaError_t dispatch(const SelectiveParams& p, const SelectiveLaunch& launch, bo
 #define LINREC_SELECTIVE_CKPT_CASE(SPT, TPC) \
   if (spt == SPT && tpc == TPC) return run<T, SPT, TPC, false, false>(p, launch, stream);
 #define LINREC_SELECTIVE_BWD_CASE(SPT, TPC) \
-  if (spt == SPT && tpc == TPC) return launch.probe ? run<T, SPT, TPC, true, true, 1>(p, launch, stream) : run<T, SPT, TPC, true, true, SPT * TPC == 256 ? 1 : 3>(p, launch, stream);
+  if (spt == SPT && tpc == TPC) return run<T, SPT, TPC, true>(p, launch, stream);
   if (backward) {
     LINREC_SELECTIVE_BWD_CASE(4, 4)
     LINREC_SELECTIVE_BWD_CASE(4, 8)
@@ -58,7 +58,7 @@ cudaError_t dispatch(const SelectiveParams& p, const SelectiveLaunch& launch, bo
     LINREC_SELECTIVE_CKPT_CASE(4, 4)
     LINREC_SELECTIVE_CKPT_CASE(4, 8)
     LINREC_SELECTIVE_CKPT_CASE(4, 16)
-    LINREC_SELECTIVE_CKPT_CASE(4, 32)
+    LINREC_SELECTIVE_CKPT_CASE(8, 16)
     LINREC_SELECTIVE_CKPT_CASE(16, 16)
   } else {
     LINREC_SELECTIVE_CASE(16, 1)

@@ -55,7 +55,6 @@ enum class SelectiveDType : int { kFloat32, kFloat16, kBFloat16 };
 struct SelectiveLaunch {
   int states_per_thread = 16;
   bool vector_stores = false;  // out has unit step stride and 16-byte aligned rows
-  int probe = 0;
   int loads = 0;               // TileLoads: how the per-step inputs may be read (16-byte vectors or not)
 };
 

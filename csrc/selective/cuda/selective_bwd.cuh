@@ -74,9 +74,10 @@ struct BackwardSmem {
   static constexpr int kFloats = kRed + (kWarpSlices ? kWarps : 1) * S * 2 * NP;
 };
 
-template <typename T, int SPT, int TPC, int kMinBlocks>
-// 3 blocks (12 warps) per SM: 168 registers at most (without a bound the compiler takes ~230).
-__global__ void __launch_bounds__(kThreads, kMinBlocks) backward_kernel(const SelectiveParams p, const Groups grp,
+// 3 blocks (12 warps) per SM below N_pad = 256: at most 168 registers (unbounded, the compiler takes
+// ~230 and 2 blocks fit; H100: 2.30 vs 2.36 ms bf16, 2.36 vs 2.33 float32, bench/NOTES.md).
+template <typename T, int SPT, int TPC>
+__global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_kernel(const SelectiveParams p, const Groups grp,
                                                             const int loads) {
   using L = BackwardSmem<SPT, TPC>;
   constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB;

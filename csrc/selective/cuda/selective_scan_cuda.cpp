@@ -205,7 +205,6 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
   p.dh0 = dh0.data_ptr<float>();
   SelectiveLaunch bl;
   bl.states_per_thread = backward_states_per_thread(p.nstate_pad);
-  bl.probe = states_per_thread == 99;
   bl.loads = tile_loads({&u, &delta, &grad_out, z ? &*z : nullptr});
   check_launch(launch(u.scalar_type(), p, bl, true));
   const int64_t n = p.nstate;
