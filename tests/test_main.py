@@ -10,15 +10,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_linrec.bench import SUITE, Impl, Row, implementations, main, run_benchmark, run_checks
+from torch_linrec.bench import SUITE, Impl, Row, implementations, main, run_benchmark, run_checks, selective
+from torch_linrec.bench.cli import _sections, build_parser
 from torch_linrec.bench.cases import make_inputs
 from torch_linrec.bench.check import CHECK_CONFIGS, TOLERANCE
 from torch_linrec.bench.reference import rel_err
-from torch_linrec.bench.timing import make_timer
+from torch_linrec.bench.timing import device_slug, make_timer
 from torch_linrec.linrec.reference import chunked_scan, scan_backward_ref, scan_ref
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
+# The columns of the committed selective results (bench/results/selective-h100.csv), in order.
+_SELECTIVE_COMMITTED = ["case", "impl", "shape", "dtype", "layout", "ms_fwd", "ms_fwd_bwd", "peak_fwd_gib",
+                        "peak_fwd_bwd_gib", "ratio_fwd", "ratio_fwd_bwd", "rewrites", "status"]
 
 
 def _impl(name: str) -> Impl:
@@ -32,15 +36,20 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
 
 
 def test_quick_job_writes_csv_and_plot_and_native_passes(tmp_path):
-    """The job as users run it: exit status 0, native PASS, one CSV row per implementation x case."""
+    """The job as users run it: exit status 0, native PASS, one CSV row per implementation x case;
+    then the selective section: its table and one CSV row per selective implementation."""
     proc = subprocess.run([sys.executable, "-m", "torch_linrec", "--quick", "--device", "cpu", "--out", str(tmp_path),
-                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert any(line.split()[:2] == ["native", "PASS"] for line in proc.stdout.splitlines()), proc.stdout
-    csvs, pngs = list(tmp_path.glob("*.csv")), list(tmp_path.glob("*.png"))
-    assert len(csvs) == 1 and csvs[0].name.endswith("-quick.csv") and len(pngs) == 1
+    csvs, pngs = sorted(tmp_path.glob("*.csv")), list(tmp_path.glob("*.png"))
+    assert len(csvs) == 2 and len(pngs) == 1, csvs
+    selective_csv, scan_csv = sorted(csvs, key=lambda p: not p.name.startswith("selective-"))
+    assert scan_csv.name.endswith("-quick.csv") and selective_csv.name == "selective-" + scan_csv.name
+    _check_selective_csv(selective_csv, selective.implementations(), selective.TINY, "quick")
+    assert "selective scan (Mamba)" in proc.stdout and "tiny-bf16 (quick)" in proc.stdout
     assert pngs[0].stat().st_size > 10_000
-    header, rows = _read_csv(csvs[0])
+    header, rows = _read_csv(scan_csv)
     assert header == Row.columns()
     # skipped runs (the Python-loop reference on non-tiny cases, interpreted Triton) are notes, not rows
     impls = [i.name for i in implementations(CPU) if i.timed]
@@ -60,6 +69,49 @@ def test_quick_job_writes_csv_and_plot_and_native_passes(tmp_path):
     assert "skipped" not in table.split("notes:")[0] and "peak mem" not in table  # CPU: no memory column
     assert "skipped: reference on very-few-long (quick)" in proc.stdout
     assert "on a CPU expect ratios around 1" in proc.stdout
+
+
+def _check_selective_csv(path: Path, impls, cases, size: str) -> None:
+    """The selective section's CSV: the committed results' columns, one ok row per implementation x case."""
+    header, rows = _read_csv(path)
+    assert header == selective.COLUMNS and header[:13] == _SELECTIVE_COMMITTED
+    assert [(r["case"], r["impl"]) for r in rows] == [(c.name, i) for c in cases for i in impls]
+    for r in rows:
+        assert r["status"] == "ok" and r["size"] == size, r
+        assert float(r["ms_fwd"]) > 0 and float(r["ms_fwd_bwd"]) > 0 and float(r["ratio_fwd"]) > 0
+        assert r["peak_fwd_gib"] == ""  # CPU: not measured
+        # the pass's rewrite count (0 when Inductor's warm cache on torch >= 2.13 serves the compile)
+        assert (r["rewrites"] != "") == r["impl"].endswith("+pass")
+        assert r["rewrites"] == "" or int(r["rewrites"]) >= 0
+
+
+def test_selective_subcommand_writes_its_csv(tmp_path, capsys):
+    """`python -m torch_linrec selective` as before: a line per row, the CSV named selective-<device>.csv."""
+    assert selective.main(["--quick", "--impls", "fused,unfused-eager", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "impl=fused" in out and "impl=unfused-eager" in out
+    (path,) = tmp_path.glob("*.csv")
+    assert path.name == f"selective-{device_slug(CPU)}.csv"
+    _check_selective_csv(path, ["fused", "unfused-eager"], selective.TINY, "quick")
+
+
+def test_selective_cases_per_device():
+    """CPU: one scaled-down case, a tinier one with --quick; CUDA: the full cases (the quick case with --quick)."""
+    assert selective.default_cases(CPU) == (selective.QUICK, "scaled")
+    assert selective.default_cases(CPU, quick=True) == (selective.TINY, "quick")
+    assert selective.default_cases(torch.device("cuda"), quick=False) == (selective.CASES, "full")
+    (tiny,), (small,) = selective.TINY, selective.QUICK
+    assert tiny.batch * tiny.dim * tiny.length < small.batch * small.dim * small.length
+
+
+@pytest.mark.parametrize("argv,expect", [([], ["scan", "selective"]), (["--cases", "small-call"], ["scan"]),
+                                         (["--sections", "selective"], ["selective"]),
+                                         (["--sections", "selective,scan"], ["scan", "selective"]),
+                                         (["--cases", "small-call", "--sections", "scan", "selective"],
+                                          ["scan", "selective"])])
+def test_sections_default_and_choice(argv, expect):
+    parser = build_parser()
+    assert _sections(parser, parser.parse_args(argv)) == expect
 
 
 def test_results_go_to_the_user_data_dir_and_help_lists_impls():
@@ -121,7 +173,8 @@ def test_subset_and_options(tmp_path, capsys):
     assert [(r["impl"], r["case"]) for r in rows] == [("native", "mamba-BLD"), ("native", "small-call")]
 
 
-@pytest.mark.parametrize("argv", [["--cases", "no-such-case"], ["--impls", "no-such-impl"]])
+@pytest.mark.parametrize("argv", [["--cases", "no-such-case"], ["--impls", "no-such-impl"],
+                                  ["--sections", "no-such-section"]])
 def test_unknown_names_are_rejected(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--quick", "--device", "cpu", *argv])

@@ -8,7 +8,7 @@ from pathlib import Path
 from .check import TOLERANCE
 from .runner import Row
 
-__all__ = ["format_table", "format_notes", "write_csv", "plot_ratios", "case_label"]
+__all__ = ["format_table", "format_notes", "write_csv", "plot_ratios", "case_label", "align_table"]
 
 TOLERANCE_NOTE = "the check tolerance (" + ", ".join(
     f"{str(dt).removeprefix('torch.')} {tol:g}" for dt, tol in TOLERANCE.items()) + ")"
@@ -55,19 +55,24 @@ def format_table(rows: list[Row]) -> str:
     keep = [i for i in range(len(_HEADER))
             if i != mem_col or any(not math.isnan(row.peak_mem_mb) for row in rows)]
     table = [tuple(r[i] for i in keep) for r in [_HEADER] + [_cells(row) for row in rows]]
-    widths = [max(len(r[i]) for r in table) for i in range(len(keep))]
     left = {keep.index(i) for i in (0, 1, 2, 3, 12, 13)}
+    return align_table(table[0], table[1:], left, groups=[row.case for row in rows])
+
+
+def align_table(header: tuple[str, ...], body: list[tuple[str, ...]], left: set[int],
+                groups: list[str] | None = None) -> str:
+    """Text cells as an aligned table: columns in ``left`` left-aligned, the others right-aligned, a
+    dashed rule under ``header``; a blank line wherever ``groups`` (one key per body row) changes."""
+    widths = [max(len(r[i]) for r in (header, *body)) for i in range(len(header))]
 
     def fmt(cells):
         return "  ".join(c.ljust(w) if i in left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-    lines = [fmt(table[0]), "  ".join("-" * w for w in widths).rstrip()]
-    prev = None
-    for row, cells in zip(rows, table[1:]):
-        if prev is not None and row.case != prev:
+    lines = [fmt(header), "  ".join("-" * w for w in widths).rstrip()]
+    for i, cells in enumerate(body):
+        if groups is not None and i > 0 and groups[i] != groups[i - 1]:
             lines.append("")
-        prev = row.case
         lines.append(fmt(cells))
     return "\n".join(lines)
 
