@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 
 from torch_linrec.bench import SUITE, Impl, Row, implementations, main, run_benchmark, run_checks, selective
 from torch_linrec.bench.cli import _sections, build_parser
-from torch_linrec.bench.cases import make_inputs
+from torch_linrec.bench.cases import make_inputs, parse_shape
 from torch_linrec.bench.check import CHECK_CONFIGS, TOLERANCE
 from torch_linrec.bench.reference import rel_err
 from torch_linrec.bench.timing import device_slug, make_timer
@@ -200,3 +201,84 @@ def test_chunked_reference_matches_scan_ref(shape, dim, reverse, coeffs, initial
                 scan_backward_ref(gy, c, y, h0, dim, reverse))
     for got, want in grads:
         assert got.shape == want.shape and rel_err(got, want) < 1e-13
+
+
+@pytest.mark.parametrize("spec,shape,dtype,dim,reverse,coeffs,name", [
+    ("16x4194304:fp32", (16, 4194304), torch.float32, -1, False, None, "16x4194304:fp32"),
+    ("8x4096x4096:bf16:dim=1", (8, 4096, 4096), torch.bfloat16, 1, False, None, "8x4096x4096:bf16:dim=1"),
+    ("1000x3001:fp16:reverse", (1000, 3001), torch.float16, -1, True, None, "1000x3001:fp16:reverse"),
+    (" 7x5 ", (7, 5), torch.float32, -1, False, None, "7x5:fp32"),
+    ("4x9:bcast", (4, 9), torch.float32, -1, False, (4, 1), "4x9:fp32:coeffs=4x1"),
+    ("2x9x3:reverse:dim=-2:bcast:float16", (2, 9, 3), torch.float16, -2, True, (2, 1, 3),
+     "2x9x3:fp16:dim=-2:reverse:coeffs=2x1x3"),
+    ("2x9x3:dim=1:coeffs=3", (2, 9, 3), torch.float32, 1, False, (3,), "2x9x3:fp32:dim=1:coeffs=3"),
+    ("2x9x3:coeffs=2x9x3", (2, 9, 3), torch.float32, -1, False, None, "2x9x3:fp32"),
+])
+def test_parse_shape(spec, shape, dtype, dim, reverse, coeffs, name):
+    case = parse_shape(spec)
+    assert (case.full, case.scaled, case.quick) == (shape, shape, shape)
+    assert (case.dtype, case.dim, case.reverse, case.coeffs, case.name) == (dtype, dim, reverse, coeffs, name)
+    assert parse_shape(case.name) == case  # the name is the canonical spec
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("", "the shape must be positive sizes"), ("16xx4", "the shape"), ("0x3:fp32", "the shape"),
+    ("4x-5", "the shape"), ("16x4:fp64", "unknown option 'fp64'"), ("16x4:dtype=bf16", "unknown option"),
+    ("16x4:reverse=1", "unknown option"), ("16x4:dim=2", "dim must be an integer in [-2, 1]"),
+    ("16x4:dim=x", "dim must be an integer"), ("16x4:bcast:coeffs=4", "contradicts"),
+    ("16x4:fp32:bf16", "repeats"), ("4x5:coeffs=3", "does not broadcast"),
+    ("4x5:coeffs=2x4x5", "does not broadcast"), ("4x5:coeffs=4x", "coeffs must be positive sizes"),
+])
+def test_bad_shapes_are_rejected_naming_the_entry(spec, message, capsys):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_shape(spec)
+    with pytest.raises(SystemExit) as exc:
+        main(["--quick", "--device", "cpu", "--shapes", "8x16", spec])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --shapes" in err and repr(spec) in err and message in err
+
+
+def test_repeated_shape_is_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--shapes", "8x16", "8x16:fp32"])
+    assert "8x16:fp32" in capsys.readouterr().err
+
+
+def test_shapes_run_alone_unless_cases_given(tmp_path, capsys):
+    """--shapes alone: only those shapes, scan section only; the CSV rows carry the canonical names."""
+    assert main(["--quick", "--device", "cpu", "--shapes", "2x33x5:bf16:dim=1:reverse", "3x40:bcast",
+                 "--impls", "native", "--no-check", "--no-plot", "--no-progress", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*.csv")  # no selective CSV: --shapes picks the scan section alone
+    _, rows = _read_csv(path)
+    assert [(r["case"], r["shape"], r["dim"], r["dtype"], r["size"]) for r in rows] == [
+        ("2x33x5:bf16:dim=1:reverse", "2x33x5", "1", "bfloat16", "full"),
+        ("3x40:fp32:coeffs=3x1", "3x40", "-1", "float32", "full")]
+    for r in rows:
+        assert r["status"] == "ok" and float(r["err_grad_coeffs"]) <= TOLERANCE[getattr(torch, r["dtype"])], r
+    assert "broadcast coeffs count as their fraction" in capsys.readouterr().out
+    assert main(["--quick", "--device", "cpu", "--cases", "small-call", "--shapes", "3x40", "--impls", "native",
+                 "--no-check", "--no-plot", "--no-progress", "--out", str(tmp_path)]) == 0
+    _, rows = _read_csv(path)
+    assert [r["case"] for r in rows] == ["small-call", "3x40:fp32"]
+
+
+def _ignores_reverse(x, coeffs, initial=None, dim=-1, reverse=False):
+    return torch.ops.linrec.scan(x, coeffs, initial, dim, False)
+
+
+def test_shape_options_reach_the_scan_and_the_reference():
+    """reverse is passed on (an implementation that ignores it is inaccurate); coeffs broadcast along the
+    reference's slice leave grad_coeffs unchecked (NaN) but y and grad_x checked."""
+    impls = [_impl("native"), Impl("ignores-reverse", _ignores_reverse)]
+    cases = [parse_shape("3x40:reverse"), parse_shape("5x16x4:dim=1:coeffs=4")]
+    rows = {(r.impl, r.case): r for r in run_benchmark(impls, cases, CPU, "quick", make_timer(CPU, quick=True),
+                                                       progress=False)}
+    assert rows[("native", "3x40:fp32:reverse")].status == "ok"
+    assert rows[("ignores-reverse", "3x40:fp32:reverse")].status == "inaccurate"
+    bcast = rows[("native", "5x16x4:fp32:dim=1:coeffs=4")]
+    assert bcast.status == "ok" and math.isnan(bcast.err_grad_coeffs)
+    assert bcast.max_err == max(bcast.err_y, bcast.err_grad_x) and bcast.ratio_fwdbwd > 0
+    # ratio_fwdbwd counts 5 + 3f tensors against torch.add's 2 + f (f = 4 / 320)
+    f = 4 / 320
+    assert bcast.ratio_fwdbwd == pytest.approx((5 + 3 * f) / (2 + f) * bcast.ms_add / bcast.ms_fwdbwd)

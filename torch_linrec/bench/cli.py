@@ -19,7 +19,7 @@ import torch
 
 from .. import __version__
 from .._library import build_info
-from .cases import SUITE, format_shape, select_cases
+from .cases import SHAPE_SYNTAX, SUITE, format_shape, parse_shape, select_cases
 from .check import run_checks
 from .impls import IMPL_HELP, implementations, select_impls
 from .report import format_notes, format_table, plot_ratios, write_csv
@@ -51,6 +51,13 @@ def _names(values: list[str] | None) -> list[str] | None:
     return [n for v in values for n in v.split(",") if n]
 
 
+def _shape_arg(text: str):
+    try:
+        return parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface of the main job."""
     p = argparse.ArgumentParser(
@@ -65,12 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="implementations (--impls):\n" + "\n".join(f"  {name:<10} {text}" for name, text in IMPL_HELP.items()))
     p.add_argument("--cases", nargs="+", metavar="NAME",
                    help=f"cases to run (space or comma separated); default all: {', '.join(c.name for c in SUITE)}")
+    p.add_argument("--shapes", nargs="+", metavar="SPEC", type=_shape_arg,
+                   help=f"scan shapes to benchmark besides the suite (alone unless --cases is given; never scaled): "
+                        f"{SHAPE_SYNTAX}")
     p.add_argument("--impls", nargs="+", metavar="NAME",
                    help="scan implementations to run (space or comma separated); default all available on the "
                         "device")
     p.add_argument("--sections", nargs="+", metavar="NAME",
                    help=f"sections to run (space or comma separated): {', '.join(SECTIONS)}; default both, or scan "
-                        "alone when --cases picks scan cases")
+                        "alone when --cases or --shapes picks scan cases")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help=f"folder of the CSV and PNG files (default: {default_out_dir()})")
     p.add_argument("--quick", action="store_true", help="tiny shapes and short timings, both sections (smoke test)")
@@ -97,7 +107,7 @@ def _device(parser: argparse.ArgumentParser, name: str | None) -> torch.device:
 def _sections(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     names = _names(args.sections)
     if names is None:
-        return ["scan"] if args.cases else list(SECTIONS)
+        return ["scan"] if args.cases or args.shapes else list(SECTIONS)
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         parser.error(f"--sections: unknown section(s) {unknown}; expected some of {list(SECTIONS)}")
@@ -109,7 +119,7 @@ def _scan_section(args: argparse.Namespace, device: torch.device, cases, impls, 
     size = "quick" if args.quick else "full" if device.type == "cuda" else "scaled"
     dev_name = device_name(device)
     print(f"implementations: {', '.join(i.name for i in impls)}")
-    if size == "scaled":
+    if size == "scaled" and any(case.shape(size) != case.full for case in cases):
         print("no CUDA device: case sizes scaled down for the CPU (leading/batch dims divided)")
     for case in cases:
         scaled = "" if case.shape(size) == case.full else f"  (full size {format_shape(case.full)})"
@@ -126,8 +136,9 @@ def _scan_section(args: argparse.Namespace, device: torch.device, cases, impls, 
     timer = make_timer(device, quick=args.quick)
     rows = run_benchmark(impls, cases, device, size, timer, dev_name=dev_name, seed=args.seed,
                          progress=not args.no_progress)
+    bcast = "; broadcast coeffs count as their fraction f of a tensor: 2+f, 5+3f" if any(c.coeffs for c in cases) else ""
     print(f"\nbenchmark on {dev_name}: ratio = speed relative to torch.add moving the same bytes "
-          f"(fwd 3 tensors, fwd+bwd 8)")
+          f"(fwd 3 tensors, fwd+bwd 8{bcast})")
     if device.type == "cpu":
         print(CPU_EXPECTATION)
     shown = [row for row in rows if row.status != "skipped"]  # skips are one line of the notes
@@ -169,10 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     device = _device(parser, args.device)
     sections = _sections(parser, args)
     try:
-        cases = select_cases(_names(args.cases))
+        cases = select_cases(_names(args.cases)) if args.cases or not args.shapes else []
         impls = select_impls(implementations(device), _names(args.impls))
     except ValueError as exc:
         parser.error(str(exc))
+    cases += args.shapes or []
+    names = [case.name for case in cases]
+    if len(set(names)) < len(names):
+        parser.error(f"--shapes: an entry repeats a case: {sorted({n for n in names if names.count(n) > 1})}")
     from ..distributed.bench import launched_by_torchrun
     cp_status = 0
     if launched_by_torchrun():  # torchrun --nproc-per-node K -m torch_linrec: the multi-GPU section first
