@@ -6,16 +6,19 @@ import math
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import CUDA_MARKS
 
 from torch_linrec.bench import SUITE, Impl, Row, implementations, main, run_benchmark, run_checks, selective
 from torch_linrec.bench.cli import _sections, build_parser
 from torch_linrec.bench.cases import make_inputs, parse_shape
 from torch_linrec.bench.check import CHECK_CONFIGS, TOLERANCE
 from torch_linrec.bench.reference import rel_err
+from torch_linrec.bench.report import format_notes
 from torch_linrec.bench.timing import device_slug, make_timer
 from torch_linrec.linrec.reference import chunked_scan, scan_backward_ref, scan_ref
 
@@ -62,14 +65,17 @@ def test_quick_job_writes_csv_and_plot_and_native_passes(tmp_path):
         assert r["status"] == "ok", r
         if r["impl"] != "native":
             continue
-        for col in ("ms_fwd", "ms_fwdbwd", "gbps_fwd", "gbps_fwdbwd", "ms_add", "ratio_fwd", "ratio_fwdbwd"):
+        for col in ("ms_fwd", "ms_fwdbwd", "gbps_fwd", "gbps_fwdbwd", "ms_add", "ratio_fwd", "ratio_fwdbwd",
+                    "host_ms_fwdbwd"):
             assert float(r[col]) > 0, (col, r)
         assert float(r["max_err"]) <= TOLERANCE[getattr(torch, r["dtype"])]
-        assert math.isnan(float(r["peak_mem_mb"]))
+        assert math.isnan(float(r["peak_mem_mb"])) and math.isnan(float(r["graph_ms_fwdbwd"]))
     table = proc.stdout[proc.stdout.index("implementation  case"):]
     assert "skipped" not in table.split("notes:")[0] and "peak mem" not in table  # CPU: no memory column
+    assert "host ms fwd+bwd" in table and "graph ms" not in table.splitlines()[0]  # nor a CUDA-graph column
     assert "skipped: reference on very-few-long (quick)" in proc.stdout
     assert "on a CPU expect ratios around 1" in proc.stdout
+    assert header[-2:] == ["host_ms_fwdbwd", "graph_ms_fwdbwd"]  # appended: older columns keep their places
 
 
 def _check_selective_csv(path: Path, impls, cases, size: str) -> None:
@@ -282,3 +288,45 @@ def test_shape_options_reach_the_scan_and_the_reference():
     # ratio_fwdbwd counts 5 + 3f tensors against torch.add's 2 + f (f = 4 / 320)
     f = 4 / 320
     assert bcast.ratio_fwdbwd == pytest.approx((5 + 3 * f) / (2 + f) * bcast.ms_add / bcast.ms_fwdbwd)
+
+
+def test_host_time_is_per_call_and_device_time_needs_cuda():
+    """host_ms divides a batch's wall time by its calls (each call sleeps 2 ms); graph_ms is NaN on the CPU."""
+    timer = make_timer(CPU, quick=True)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.002)
+    assert timer.host_ms(fn) >= 2.0 and len(calls) >= 3
+    assert math.isnan(timer.graph_ms(fn))
+    (row,) = run_benchmark([_impl("native")], [parse_shape("2x64x8:dim=1")], CPU, "quick", timer, progress=False)
+    assert row.host_ms_fwdbwd > 0 and math.isnan(row.graph_ms_fwdbwd) and row.error == ""
+
+
+def test_uncapturable_call_is_a_note_not_an_error():
+    row = Row(impl="x", case="small-call", size="full", shape="1x2", dim=1, dtype="float32",
+              error="CUDA graph: RuntimeError: operation not permitted when stream is capturing")
+    assert format_notes([row]) == f"  note: x on small-call: {row.error}"
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA_MARKS)])
+def test_cuda_graph_replays_the_captured_call(device):
+    """graph_ms captures the call once and times replays: a counter the call bumps moves on past the
+    3 warmup calls (capture itself runs nothing)."""
+    timer = make_timer(torch.device(device), quick=True)
+    counter = torch.zeros((), device=device)
+    ms = timer.graph_ms(lambda: counter.add_(1))
+    assert ms > 0 and counter.item() > 3
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA_MARKS)])
+def test_small_call_host_and_device_time_on_cuda(device):
+    """Every timed implementation's forward+backward is captured in a CUDA graph on small-call (full size)."""
+    dev = torch.device(device)
+    impls = [i for i in implementations(dev) if i.timed and not i.slow]
+    case = next(c for c in SUITE if c.name == "small-call")
+    rows = run_benchmark(impls, [case], dev, "full", make_timer(dev, quick=True), progress=False)
+    for row in rows:
+        assert row.status == "ok" and row.error == "", (row.impl, row.error)
+        assert row.host_ms_fwdbwd > 0 and row.graph_ms_fwdbwd > 0, row

@@ -139,6 +139,8 @@ def _scan_section(args: argparse.Namespace, device: torch.device, cases, impls, 
     bcast = "; broadcast coeffs count as their fraction f of a tensor: 2+f, 5+3f" if any(c.coeffs for c in cases) else ""
     print(f"\nbenchmark on {dev_name}: ratio = speed relative to torch.add moving the same bytes "
           f"(fwd 3 tensors, fwd+bwd 8{bcast})")
+    print("host ms fwd+bwd: the host's time per eager forward+backward call; graph ms fwd+bwd: the device's, "
+          "replaying it as a CUDA graph" + (" (CUDA only: left out here)" if device.type == "cpu" else ""))
     if device.type == "cpu":
         print(CPU_EXPECTATION)
     shown = [row for row in rows if row.status != "skipped"]  # skips are one line of the notes

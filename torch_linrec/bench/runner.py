@@ -8,7 +8,13 @@ then per implementation:
   the first two sequences (batch entries for ``BLD``) are compared with the chunked float64
   reference of :mod:`torch_linrec.bench.reference`;
 * ``ms_fwd``: the forward alone, on inputs that do not require grad;
-* ``ms_fwdbwd``: forward and backward together (``torch.autograd.grad`` in ``x`` and ``coeffs``).
+* ``ms_fwdbwd``: forward and backward together (``torch.autograd.grad`` in ``x`` and ``coeffs``);
+* ``host_ms_fwdbwd``: the host's time per eager forward+backward call (:meth:`Timer.host_ms`: calls
+  issued back to back, the device synchronised between batches outside the timed span);
+* ``graph_ms_fwdbwd``: the device's time of it (:meth:`Timer.graph_ms`: the same forward+backward
+  captured in a CUDA graph and replayed; NaN on the CPU, and when the capture fails, whose message
+  goes to ``error`` with ``status`` still ``ok``). A small call is host-bound: ``ms_fwdbwd`` follows
+  ``host_ms_fwdbwd``, ``graph_ms_fwdbwd`` is the kernels' time alone.
 
 Bandwidth counts 3 tensors for the forward (read ``x, coeffs``, write ``y``) and 8 for forward and
 backward (also read ``grad_y, coeffs, y``, write ``grad_x, grad_coeffs``). The ratios compare with
@@ -70,6 +76,8 @@ class Row:
     config: str = ""
     device: str = ""
     torch: str = torch.__version__
+    host_ms_fwdbwd: float = NAN  # last, so that readers of older CSV files by position still work
+    graph_ms_fwdbwd: float = NAN
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -161,6 +169,11 @@ def _bench_impl(impl: Impl, row: Row, inputs, ref: SliceReference, timer: Timer,
     row.ms_fwdbwd = timer(fwd_bwd)
     row.gbps_fwdbwd = n_fwdbwd * tensor_bytes / row.ms_fwdbwd / 1e6
     row.ratio_fwdbwd = n_fwdbwd / n_fwd * row.ms_add / row.ms_fwdbwd
+    row.host_ms_fwdbwd = timer.host_ms(fwd_bwd)
+    try:
+        row.graph_ms_fwdbwd = timer.graph_ms(fwd_bwd)
+    except Exception as exc:  # noqa: BLE001 -- not capturable: the eager numbers stand, the note says why
+        row.error = f"CUDA graph: {_short(exc)}"
 
 
 def _bench_case(case: Case, size: str, impls: list[Impl], timer: Timer, device: torch.device,
