@@ -61,17 +61,16 @@ __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, c
 }
 
 // Shared memory layout of the backward kernel, in floats: 2 buffers of (B, C) tiles, the five
-// per-step tiles, then the dB/dC sums of a sub-chunk: one (S, 2 NP) slice per warp for NP <= 64
-// (plain stores, summed at the flush), else one slice for the block (shared atomics).
+// per-step tiles, then the dB/dC sums of a sub-chunk: one (S, 2 NP) slice per warp (plain stores,
+// summed at the flush; shared atomics into one slice were 8 per thread-step at N_pad >= 128).
 template <int SPT, int TPC>
 struct BackwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
   static constexpr int S = 4, kMaxSub = TS / S, kWarps = kThreads / 32;
-  static constexpr bool kWarpSlices = NP <= 64;
   static constexpr int kRows = 4 * TS * NP, kTile = CPB * (TS + 1);
   static constexpr int kSub = kRows + 5 * kTile;                          // sub-chunk entry states
   static constexpr int kRed = ((kSub + kMaxSub * SPT * kThreads + 3) / 4) * 4;
-  static constexpr int kFloats = kRed + (kWarpSlices ? kWarps : 1) * S * 2 * NP;
+  static constexpr int kFloats = kRed + kWarps * S * 2 * NP;
 };
 
 // 3 blocks (12 warps) per SM below N_pad = 256: at most 168 registers (unbounded, the compiler takes
@@ -88,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
                          smem + L::kRows + 3 * L::kTile, smem + L::kRows + 4 * L::kTile};
   const Channel c = channel_of<CPB>(p, grp);
   const int lane = threadIdx.x % 32, n0 = (threadIdx.x % TPC) * SPT, cl = threadIdx.x / TPC;
-  float* red = smem + L::kRed + (L::kWarpSlices ? (threadIdx.x / 32) * S * 2 * NP : 0);
+  float* red = smem + L::kRed + (threadIdx.x / 32) * S * 2 * NP;
   const int64_t len = p.len;
   float A2[SPT], g[SPT], a_next[SPT], dA[SPT];
 #pragma unroll
@@ -183,18 +182,10 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
           for (int n = 0; n < SPT; ++n) hs[t][n] = h[n];
         }
       }
-      if (!L::kWarpSlices) {
-        for (int i = threadIdx.x; i < S * 2 * NP; i += kThreads) red[i] = 0.f;
-        __syncthreads();
-      }
 #pragma unroll
       for (int t = S - 1; t >= 0; --t) {
         const int s = s0 + t;
-        if (t0 + s >= t1) {
-          if (L::kWarpSlices)
-            for (int i = lane; i < 2 * NP; i += 32) red[t * 2 * NP + i] = 0.f;
-          continue;
-        }
+        if (t0 + s >= t1) continue;  // the flush skips these steps
         const float u = r_u[s], dt = r_dt[s], dtu = dt * u, dy = r_dy[s];
         float Bv[SPT], Cv[SPT];
         states_at<SPT>(sB + s * NP, Bv);
@@ -227,9 +218,7 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
 #pragma unroll
         for (int i = 0; i < NV / CPW; ++i) {
           const int j2 = off + i;  // dB state n0 + j2, or dC state n0 + j2 - SPT
-          float* slot = &red[t * 2 * NP + (j2 < SPT ? n0 + j2 : NP + n0 + j2 - SPT)];
-          if (L::kWarpSlices) *slot = v[i];
-          else atomicAdd(slot, v[i]);
+          red[t * 2 * NP + (j2 < SPT ? n0 + j2 : NP + n0 + j2 - SPT)] = v[i];
         }
       }
       __syncthreads();
@@ -239,12 +228,11 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
         const int64_t l = t0 + s0 + t;
         if (l >= t1) continue;
         float4 val = reinterpret_cast<const float4*>(red0)[i];
-        if (L::kWarpSlices)
 #pragma unroll
-          for (int w = 1; w < L::kWarps; ++w) {
-            const float4 o = reinterpret_cast<const float4*>(red0 + w * S * 2 * NP)[i];
-            val.x += o.x, val.y += o.y, val.z += o.z, val.w += o.w;
-          }
+        for (int w = 1; w < L::kWarps; ++w) {
+          const float4 o = reinterpret_cast<const float4*>(red0 + w * S * 2 * NP)[i];
+          val.x += o.x, val.y += o.y, val.z += o.z, val.w += o.w;
+        }
         float* dst = col < NP ? p.dB + bc_b + l * NP + col : p.dC + bc_c + l * NP + col - NP;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         atomicAdd(reinterpret_cast<float4*>(dst), val);
