@@ -44,8 +44,10 @@ def _triton_ops():
 _CUDA_MAX_STATE = 256  # csrc/selective/cuda/selective_scan_cuda.cpp
 # The CUDA kernels walk L sequentially, one thread per (channel, 4-16 states): below about this many
 # (channel, state) pairs they leave the GPU short of threads and Triton's chunked scan is faster
-# (H100: 1 x 1536 channels x N 16 ran 0.67 ms CUDA vs 0.38 ms Triton; 2048 x N 64, 1.7 vs 3.5 ms).
-_CUDA_MIN_STATES = 65536
+# (H100, bf16, forward / backward ms, CUDA vs Triton: 1 x 1536 x N 16 (24,576 pairs) 0.40 / 1.99 vs
+# 0.38 / 1.75; 2 x 1024 x N 16 (32,768) 0.21 / 1.02 vs 0.34 / 1.05; 1 x 256 x N 128 (32,768)
+# 0.59 / 2.38 vs 0.75 / 3.72).
+_CUDA_MIN_STATES = 32768
 
 
 def _native(u, A, B, C) -> bool:
