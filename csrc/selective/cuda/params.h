@@ -27,7 +27,7 @@ struct SelectiveParams {
   const float* h0 = nullptr;       // (batch, dim, nstate) contiguous, or null
   float* last = nullptr;           // (batch, dim, nstate) contiguous, or null
   float* ckpt = nullptr;           // (batch, dim, nchunks, nstate_pad): the state after each chunk, or null
-  int64_t chunk = 64;              // steps per tile: selective_tile_steps(nstate_pad)
+  int64_t chunk = 32;              // steps per tile: selective_tile_steps(nstate_pad)
   // Backward only.
   Strided3 dout, du, ddelta, dz;   // dz.p null when z is
   const float* dlast = nullptr;    // (batch, dim, nstate) contiguous, or null

@@ -5,19 +5,21 @@
 //
 // One pass over L per channel: a thread owns SPT states of one (batch, channel) row and walks the
 // steps in order, its states in registers; the TPC = NP / SPT threads of a channel are adjacent
-// lanes and sum y over their states with shuffles. A block's channels share their B and C rows
-// (one group of each), so B and C are staged per tile of TS steps in shared memory with cp.async,
-// the next tile in flight while the block computes the current one. The forward reads u, delta, z
-// as 32-byte groups of steps per thread, the next group in flight.
+// lanes. A block's channels share their B and C rows (one group of each), so B and C are staged
+// per tile of TS steps in shared memory with cp.async, the next tile in flight while the block
+// computes the current one. The per-step inputs of a tile (u, delta, z; the backward adds the
+// output gradient) are loaded by the whole block along the contiguous dim with 16-byte loads
+// (for_tile) and turned once per (channel, step) into shared-memory rows (dt, dt u, silu(z), ...).
+// The forward's lanes reduce-scatter y's partial sums of a group of steps, each lane finishing and
+// storing its own steps.
 //
-// Backward: the forward kernel first stores the state after every tile (the only (batch, dim,
-// L / TS, N) buffer). The backward kernel walks tiles from the last: it stages the block's rows of
-// u, delta, z and the output gradient in shared memory, recomputes the states entering each 16-step
-// sub-chunk, then for each sub-chunk from the last recomputes its 16 states into registers and
-// runs the adjoint g[n,l] = C[n,l] dy[l] + exp(dt[l+1] A[n]) g[n,l+1] backwards. dB and dC sum over
-// the channels of a group: the lanes of a warp reduce-scatter them with shuffles, the warps of a
-// block add into shared memory, and each block adds its sub-chunk to global memory with vector
-// atomics.
+// Backward: a states-only forward first stores the state after every tile (the only (batch, dim,
+// L / TS, N) buffer). The backward kernel walks tiles from the last: it stages the block's per-step
+// rows, recomputes the states entering each 4-step sub-chunk, then for each sub-chunk from the
+// last recomputes its states and decays exp(dt A) into registers and runs the adjoint
+// g[n,l] = C[n,l] dy[l] + exp(dt[l+1] A[n]) g[n,l+1] backwards. dB and dC sum over the channels of
+// a group: the lanes of a warp reduce-scatter them with shuffles into a warp-private shared slice,
+// and the block adds the slices' sum of a sub-chunk to global memory with vector atomics.
 #pragma once
 #include "../../linrec/cuda/scan_common.cuh"  // to_float, from_float
 #include "params.h"
