@@ -3,7 +3,8 @@
 #   OUT=/path STEPS="build test tune bench" bash scripts/gpu_all.sh [pytest -k expr]
 # build: the extension (timed); test: the CUDA-marked tests (TEST_TIMEOUT, default 480 s);
 # tune: `python -m torch_linrec tune` (TUNE_ARGS, e.g. --quick), its file installed as the shipped
-# cache of this checkout; bench: the main job with the shipped cache only (an empty user cache dir).
+# cache of this checkout; bench: the main job (scan suite, then the selective section) with the
+# shipped cache only (an empty user cache dir).
 # Wheels the image lacks (expecttest, platformdirs) are installed from .whl/ when present.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -39,6 +40,6 @@ if has tune; then
   cp "$OUT/$file" torch_linrec/configs/
 fi
 if has bench; then
-  python3 -m torch_linrec --out "$OUT" --no-progress ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -45
+  python3 -m torch_linrec --out "$OUT" --no-progress ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -90
 fi
 exit 0
