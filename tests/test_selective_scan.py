@@ -321,3 +321,36 @@ def test_fake_kernels_give_the_real_strides(device):
     for i, (r, f) in enumerate(zip(list(real) + list(real_bwd), list(fake) + list(fake_bwd))):
         assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride()), i
     assert len(tensors) == 9
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_algorithms(device):
+    """Under torch.use_deterministic_algorithms(True) the CUDA backward (atomic sums over blocks)
+    raises, or warns with warn_only=True, as ATen's nondeterministic ops do; the CPU backward is
+    deterministic: it runs, and twice gives the same bits."""
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    args = [t.requires_grad_() if isinstance(t, torch.Tensor) else t
+            for t in make("var-all", dtype=dtype, device=device)]
+    tensors = [t for t in args if isinstance(t, torch.Tensor)]
+    was, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        out = torch.ops.linrec.selective_scan(*args[:9], args[9])[0]
+        if device == "cuda":
+            with pytest.raises(RuntimeError, match="deterministic"):
+                torch.autograd.grad(out.sum(), tensors)
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            with pytest.warns(UserWarning, match="deterministic"):
+                torch.autograd.grad(out.sum(), tensors)
+        else:
+            first = torch.autograd.grad(out.sum(), tensors, retain_graph=True)
+            second = torch.autograd.grad(out.sum(), tensors)
+            assert all(torch.equal(a, b) for a, b in zip(first, second))
+            from torch_linrec.selective.ops import _alert_not_deterministic  # the CUDA rule, without a GPU
+            with pytest.raises(RuntimeError, match="deterministic"):
+                _alert_not_deterministic(torch.device("cuda"))
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            with pytest.warns(UserWarning, match="deterministic"):
+                _alert_not_deterministic(torch.device("cuda"))
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn)

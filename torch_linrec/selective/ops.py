@@ -10,6 +10,8 @@ run the checks of :mod:`.checks` and normalize B and C (``(B, N, L)`` becomes on
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .. import _library
@@ -85,9 +87,25 @@ def _forward(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=
     return out.to(u.dtype), last
 
 
+def _alert_not_deterministic(device: torch.device) -> None:
+    """As ATen's nondeterministic ops do: under ``torch.use_deterministic_algorithms(True)`` raise
+    (warn with ``warn_only=True``), because the CUDA backward sums dA, dB, dC, dD and d(delta_bias)
+    over thread blocks with atomic adds (a timing-dependent order of float32 additions)."""
+    if device.type != "cuda" or not torch.are_deterministic_algorithms_enabled():
+        return
+    message = (f"{_BWD} on CUDA does not have a deterministic implementation (dA, dB, dC, dD and "
+               "ddelta_bias are summed over thread blocks with atomic adds), but you set "
+               "torch.use_deterministic_algorithms(True); the CPU kernels are deterministic")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, stacklevel=3)
+    else:
+        raise RuntimeError(message)
+
+
 def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state):
     check_selective_scan_backward_args(_BWD, grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias,
                                        initial_state)
+    _alert_not_deterministic(u.device)
     cpu = u.device.type == "cpu"
     args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
     grad_out = grad_out.to(args[0].dtype)
