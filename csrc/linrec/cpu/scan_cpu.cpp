@@ -1,14 +1,27 @@
 // CPU kernel of linrec::scan and linrec::scan_backward.
 //
-// Sequences are processed in groups of up to kGroup neighbours along the innermost
-// batch dim: in the (B, L, D) layout the group walks L with D-contiguous rows (vector
-// loads), in the (N, L) layout the group interleaves independent recurrences so the
-// multiply-add chains overlap. Groups run in parallel with at::parallel_for.
+// Sequences are processed in groups of G neighbours along the innermost batch dim, one tile of
+// steps at a time: each operand's tile is copied into an L1-resident buffer laid out
+// [step][sequence] in the accumulation type, the group's recurrences advance side by side there
+// (vector lanes), and the outputs are copied back. In the (B, L, D) layout a tile row is a
+// D-contiguous run; in the (N, L) layout each sequence's tile is a contiguous run of steps, so a
+// group streams through G short runs rather than touching G rows per step (rows that, at
+// power-of-two lengths, all map to the same cache sets).
+//
+// Groups run in parallel with at::parallel_for. When there are fewer groups than threads and the
+// sequences are long, each group is also split along L into chunks, as in a chained scan: pass 1
+// scans every chunk but the last from a zero state and keeps (product of its coeffs, final state);
+// pass 2 chains those summaries into each chunk's initial state; pass 3 re-scans every chunk from
+// its initial state and writes the outputs (re-reading x and coeffs moves fewer bytes than writing
+// y twice).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "../../common/errors.h"
 #include "../ops.h"
@@ -16,60 +29,175 @@
 namespace linrec {
 namespace {
 
-constexpr int64_t kGroup = 16;
+constexpr int64_t kTileElems = 2048;  // elements of one operand's tile buffer
+constexpr int64_t kMinChunk = 16384;  // shortest chunk when a sequence is split along L
 
-template <typename scalar_t, bool kContig>
-void scan_group(const ScanParams& p, int64_t outer, int64_t inner0, int64_t n) {
+// One slot of one group: base pointer at the group's first sequence, step and sequence strides.
+template <typename scalar_t>
+struct Operand {
+  scalar_t* ptr;
+  int64_t ls, cs;
+};
+
+// buf[t * G + g] = src[(t0 + t) * ls + g * cs] for t < T, g < n, converted to acc_t.
+template <int64_t G, typename acc_t, typename scalar_t>
+void load_tile(acc_t* buf, const Operand<scalar_t>& src, int64_t t0, int64_t T, int64_t n) {
+  const scalar_t* s = src.ptr + t0 * src.ls;
+  if (src.cs == 1) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < n; ++g) buf[t * G + g] = static_cast<acc_t>(s[t * src.ls + g]);
+  } else {
+    for (int64_t g = 0; g < n; ++g)
+      for (int64_t t = 0; t < T; ++t) buf[t * G + g] = static_cast<acc_t>(s[t * src.ls + g * src.cs]);
+  }
+}
+
+// The inverse copy: dst[(t0 + t) * ls + g * cs] = buf[t * G + g].
+template <int64_t G, typename acc_t, typename scalar_t>
+void store_tile(const Operand<scalar_t>& dst, const acc_t* buf, int64_t t0, int64_t T, int64_t n) {
+  scalar_t* d = dst.ptr + t0 * dst.ls;
+  if (dst.cs == 1) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < n; ++g) d[t * dst.ls + g] = static_cast<scalar_t>(buf[t * G + g]);
+  } else {
+    for (int64_t g = 0; g < n; ++g)
+      for (int64_t t = 0; t < T; ++t) d[t * dst.ls + g * dst.cs] = static_cast<scalar_t>(buf[t * G + g]);
+  }
+}
+
+template <typename scalar_t, int64_t G>
+struct Group {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t seq0 = outer * (p.nbatch > 0 ? p.bsize[0] : 1) + inner0;
-  auto ptr = [&](int slot) { return static_cast<scalar_t*>(p.ptr[slot]) + seq_offset(p, slot, seq0); };
-  auto cstride = [&](int slot) -> int64_t {
-    if (kContig && slot != kInit && slot != kGradInit) return 1;
-    return p.nbatch > 0 ? p.bstride[slot][0] : 0;
-  };
-  const int64_t L = p.len;
-  const scalar_t* c = ptr(kCoeff);
-  const scalar_t* h0 = p.ptr[kInit] ? ptr(kInit) : nullptr;
-  const int64_t ls_c = p.lstride[kCoeff], cs_c = cstride(kCoeff), cs_h0 = cstride(kInit);
-  acc_t h[kGroup];
-  if (!p.backward) {
-    const scalar_t* x = ptr(kIn);
-    scalar_t* y = ptr(kOut);
-    const int64_t ls_x = p.lstride[kIn], ls_y = p.lstride[kOut], cs_x = cstride(kIn), cs_y = cstride(kOut);
-    for (int64_t g = 0; g < n; ++g) h[g] = h0 ? static_cast<acc_t>(h0[g * cs_h0]) : acc_t(0);
-    for (int64_t t = 0; t < L; ++t) {
-      for (int64_t g = 0; g < n; ++g) {
-        h[g] = static_cast<acc_t>(c[t * ls_c + g * cs_c]) * h[g] + static_cast<acc_t>(x[t * ls_x + g * cs_x]);
-        y[t * ls_y + g * cs_y] = static_cast<scalar_t>(h[g]);
+  static constexpr int64_t T = kTileElems / G;  // steps per tile
+
+  const ScanParams& p;
+  int64_t seq0, n;  // first flat sequence index, sequences in the group (<= G)
+
+  Operand<scalar_t> operand(int slot) const {
+    const int64_t cs = p.nbatch > 0 ? p.bstride[slot][0] : 0;
+    return {static_cast<scalar_t*>(p.ptr[slot]) + seq_offset(p, slot, seq0), p.lstride[slot], cs};
+  }
+
+  // The initial state of each sequence (zero without one).
+  void initial(acc_t* h) const {
+    std::fill(h, h + G, acc_t(0));
+    if (!p.ptr[kInit]) return;
+    const Operand<scalar_t> h0 = operand(kInit);
+    for (int64_t g = 0; g < n; ++g) h[g] = static_cast<acc_t>(h0.ptr[g * h0.cs]);
+  }
+
+  // Advances the state h over steps [t0, t1) of the recurrence (the forward scan, or the backward
+  // one g_u = c_{u-1} g_{u-1} + dy_u) and writes the outputs; with `prod` (a chunk summary) it
+  // multiplies prod by every step's coefficient instead of writing outputs.
+  void run(int64_t t0, int64_t t1, acc_t* h, acc_t* prod) const {
+    alignas(64) acc_t a[kTileElems] = {}, b[kTileElems] = {}, e[kTileElems] = {};
+    for (int64_t t = t0; t < t1; t += T) {
+      const int64_t m = std::min(T, t1 - t);
+      if (p.backward)
+        backward_tile(t, m, h, prod, a, b, e);
+      else
+        forward_tile(t, m, h, prod, a, b);
+    }
+  }
+
+  void forward_tile(int64_t t, int64_t m, acc_t* h, acc_t* prod, acc_t* c, acc_t* x) const {
+    load_tile<G>(c, operand(kCoeff), t, m, n);
+    load_tile<G>(x, operand(kIn), t, m, n);
+    if (prod) {
+      for (int64_t s = 0; s < m; ++s)
+        for (int64_t g = 0; g < G; ++g) {
+          prod[g] *= c[s * G + g];
+          h[g] = c[s * G + g] * h[g] + x[s * G + g];
+        }
+      return;
+    }
+    for (int64_t s = 0; s < m; ++s)
+      for (int64_t g = 0; g < G; ++g) {
+        h[g] = c[s * G + g] * h[g] + x[s * G + g];
+        x[s * G + g] = h[g];
       }
-    }
-    return;
+    store_tile<G>(operand(kOut), x, t, m, n);
   }
-  // Backward, walking u = 0..L-1 in the direction opposite to the forward scan:
-  //   g_u = c_{u-1} g_{u-1} + dy_u,  dx_u = g_u,  dc_u = g_u y_{u+1}  (y_L = initial),
-  //   d_initial = c_{L-1} g_{L-1}.
-  const scalar_t* dy = ptr(kIn);
-  const scalar_t* y = ptr(kOut);
-  scalar_t* dx = ptr(kGradIn);
-  scalar_t* dc = ptr(kGradCoeff);
-  scalar_t* dh0 = ptr(kGradInit);
-  const int64_t ls_dy = p.lstride[kIn], ls_y = p.lstride[kOut], ls_dx = p.lstride[kGradIn],
-                ls_dc = p.lstride[kGradCoeff];
-  const int64_t cs_dy = cstride(kIn), cs_y = cstride(kOut), cs_dx = cstride(kGradIn),
-                cs_dc = cstride(kGradCoeff), cs_dh0 = cstride(kGradInit);
-  for (int64_t g = 0; g < n; ++g) h[g] = acc_t(0);
-  for (int64_t u = 0; u < L; ++u) {
-    for (int64_t g = 0; g < n; ++g) {
-      const acc_t cprev = u > 0 ? static_cast<acc_t>(c[(u - 1) * ls_c + g * cs_c]) : acc_t(0);
-      h[g] = cprev * h[g] + static_cast<acc_t>(dy[u * ls_dy + g * cs_dy]);
-      const acc_t ynext = u + 1 < L ? static_cast<acc_t>(y[(u + 1) * ls_y + g * cs_y])
-                                    : (h0 ? static_cast<acc_t>(h0[g * cs_h0]) : acc_t(0));
-      dx[u * ls_dx + g * cs_dx] = static_cast<scalar_t>(h[g]);
-      dc[u * ls_dc + g * cs_dc] = static_cast<scalar_t>(h[g] * ynext);
+
+  // Step u of the backward: dx_u = g_u, dc_u = g_u y_{u+1} (y_L = initial); c_{-1} = 0.
+  void backward_tile(int64_t t, int64_t m, acc_t* h, acc_t* prod, acc_t* cprev, acc_t* dy, acc_t* ynext) const {
+    const Operand<scalar_t> c = operand(kCoeff);
+    if (t == 0) {
+      std::fill(cprev, cprev + G, acc_t(0));
+      load_tile<G>(cprev + G, c, 0, m - 1, n);
+    } else {
+      load_tile<G>(cprev, c, t - 1, m, n);
+    }
+    load_tile<G>(dy, operand(kIn), t, m, n);
+    if (prod) {
+      for (int64_t s = 0; s < m; ++s)
+        for (int64_t g = 0; g < G; ++g) {
+          prod[g] *= cprev[s * G + g];
+          h[g] = cprev[s * G + g] * h[g] + dy[s * G + g];
+        }
+      return;
+    }
+    const bool last = t + m == p.len;
+    load_tile<G>(ynext, operand(kOut), t + 1, last ? m - 1 : m, n);
+    if (last) initial(ynext + (m - 1) * G);
+    for (int64_t s = 0; s < m; ++s)
+      for (int64_t g = 0; g < G; ++g) {
+        h[g] = cprev[s * G + g] * h[g] + dy[s * G + g];
+        dy[s * G + g] = h[g];
+        ynext[s * G + g] *= h[g];
+      }
+    store_tile<G>(operand(kGradIn), dy, t, m, n);
+    store_tile<G>(operand(kGradCoeff), ynext, t, m, n);
+    if (last) {  // d_initial = c_{L-1} g_{L-1}
+      const Operand<scalar_t> dh0 = operand(kGradInit);
+      const scalar_t* c_last = c.ptr + (p.len - 1) * c.ls;
+      for (int64_t g = 0; g < n; ++g)
+        dh0.ptr[g * dh0.cs] = static_cast<scalar_t>(static_cast<acc_t>(c_last[g * c.cs]) * h[g]);
     }
   }
-  for (int64_t g = 0; g < n; ++g)
-    dh0[g * cs_dh0] = static_cast<scalar_t>(static_cast<acc_t>(c[(L - 1) * ls_c + g * cs_c]) * h[g]);
+};
+
+template <typename scalar_t, int64_t G>
+void scan_groups(const ScanParams& p) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t inner = p.nbatch > 0 ? p.bsize[0] : 1;
+  const int64_t groups_per_row = (inner + G - 1) / G;
+  const int64_t groups = p.num_seq / inner * groups_per_row;
+  const int64_t L = p.len;
+  auto group = [&](int64_t i) {
+    const int64_t outer = i / groups_per_row, inner0 = (i % groups_per_row) * G;
+    return Group<scalar_t, G>{p, outer * inner + inner0, std::min(G, inner - inner0)};
+  };
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunks =
+      groups >= threads ? 1 : std::max<int64_t>(1, std::min((threads + groups - 1) / groups, L / kMinChunk));
+  auto bound = [&](int64_t k) { return k * L / chunks; };
+  // The initial state of chunk k of group i: state[(i * chunks + k) * G + g].
+  std::vector<acc_t> state(groups * chunks * G, acc_t(0));
+  if (!p.backward)
+    for (int64_t i = 0; i < groups; ++i) group(i).initial(&state[i * chunks * G]);
+  if (chunks > 1) {
+    std::vector<acc_t> last(groups * chunks * G, acc_t(0)), prod(groups * chunks * G, acc_t(1));
+    at::parallel_for(0, groups * (chunks - 1), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t i = j / (chunks - 1), k = j % (chunks - 1), off = (i * chunks + k) * G;
+        group(i).run(bound(k), bound(k + 1), &last[off], &prod[off]);
+      }
+    });
+    for (int64_t i = 0; i < groups; ++i)
+      for (int64_t k = 1; k < chunks; ++k)
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t off = (i * chunks + k) * G + g;
+          state[off] = prod[off - G] * state[off - G] + last[off - G];
+        }
+  }
+  const int64_t grain = chunks > 1 ? 1 : std::max<int64_t>(1, 32768 / std::max<int64_t>(1, L * G));
+  at::parallel_for(0, groups * chunks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t i = j / chunks, k = j % chunks;
+      group(i).run(bound(k), bound(k + 1), &state[j * G], nullptr);
+    }
+  });
 }
 
 bool channels_contiguous(const ScanParams& p) {
@@ -92,22 +220,13 @@ void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&, co
     TORCH_CHECK_VALUE(prefer || name == kCpuConfig || name == kNativeDefault, "linrec.scan: unknown config '", name,
                       "' for the CPU kernel; valid: ", kNativeDefault, ", ", kCpuConfig);
   }
-  const int64_t inner = p.nbatch > 0 ? p.bsize[0] : 1;
-  const int64_t outer = p.num_seq / inner;
-  const int64_t groups_per_row = (inner + kGroup - 1) / kGroup;
+  // Channel-contiguous groups (the (B, L, D) layout) are wider: each tile row is one longer run.
   const bool contig = channels_contiguous(p);
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.len * kGroup));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "linrec_scan_cpu", [&] {
-    at::parallel_for(0, outer * groups_per_row, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t o = i / groups_per_row, inner0 = (i % groups_per_row) * kGroup;
-        const int64_t n = std::min(kGroup, inner - inner0);
-        if (contig)
-          scan_group<scalar_t, true>(p, o, inner0, n);
-        else
-          scan_group<scalar_t, false>(p, o, inner0, n);
-      }
-    });
+    if (contig)
+      scan_groups<scalar_t, 64>(p);
+    else
+      scan_groups<scalar_t, 16>(p);
   });
 }
 
