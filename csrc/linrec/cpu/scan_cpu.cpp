@@ -221,10 +221,14 @@ void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&, co
                       "' for the CPU kernel; valid: ", kNativeDefault, ", ", kCpuConfig);
   }
   // Channel-contiguous groups (the (B, L, D) layout) are wider: each tile row is one longer run.
+  // Fewer than 16 neighbours (a few long rows) run one sequence per group, not idle lanes.
   const bool contig = channels_contiguous(p);
+  const bool narrow = !contig && (p.nbatch == 0 || p.bsize[0] < 16);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "linrec_scan_cpu", [&] {
     if (contig)
       scan_groups<scalar_t, 64>(p);
+    else if (narrow)
+      scan_groups<scalar_t, 1>(p);
     else
       scan_groups<scalar_t, 16>(p);
   });
