@@ -31,6 +31,7 @@ namespace {
 
 constexpr int64_t kTileElems = 2048;  // elements of one operand's tile buffer
 constexpr int64_t kMinChunk = 16384;  // shortest chunk when a sequence is split along L
+constexpr int64_t kWideGroup = 64;    // sequences per group in the (B, L, D) layout, 16 in (N, L)
 
 // One slot of one group: base pointer at the group's first sequence, step and sequence strides.
 template <typename scalar_t>
@@ -90,7 +91,12 @@ struct Group {
   // one g_u = c_{u-1} g_{u-1} + dy_u) and writes the outputs; with `prod` (a chunk summary) it
   // multiplies prod by every step's coefficient instead of writing outputs.
   void run(int64_t t0, int64_t t1, acc_t* h, acc_t* prod) const {
-    alignas(64) acc_t a[kTileElems] = {}, b[kTileElems] = {}, e[kTileElems] = {};
+    alignas(64) acc_t a[kTileElems], b[kTileElems], e[kTileElems];
+    if (n < G) {  // idle lanes compute on zeros
+      std::fill(a, a + kTileElems, acc_t(0));
+      std::fill(b, b + kTileElems, acc_t(0));
+      std::fill(e, e + kTileElems, acc_t(0));
+    }
     for (int64_t t = t0; t < t1; t += T) {
       const int64_t m = std::min(T, t1 - t);
       if (p.backward)
@@ -193,6 +199,12 @@ void scan_groups(const ScanParams& p) {
   }
   const int64_t grain = chunks > 1 ? 1 : std::max<int64_t>(1, 32768 / std::max<int64_t>(1, L * G));
   at::parallel_for(0, groups * chunks, grain, [&](int64_t begin, int64_t end) {
+    if (G == kWideGroup && chunks == 1) {  // (B, L, D): neighbouring groups in step, one run per row
+      constexpr int64_t T = Group<scalar_t, G>::T;
+      for (int64_t t = 0; t < L; t += T)
+        for (int64_t j = begin; j < end; ++j) group(j).run(t, std::min(L, t + T), &state[j * G], nullptr);
+      return;
+    }
     for (int64_t j = begin; j < end; ++j) {
       const int64_t i = j / chunks, k = j % chunks;
       group(i).run(bound(k), bound(k + 1), &state[j * G], nullptr);
@@ -226,7 +238,7 @@ void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&, co
   const bool narrow = !contig && (p.nbatch == 0 || p.bsize[0] < 16);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "linrec_scan_cpu", [&] {
     if (contig)
-      scan_groups<scalar_t, 64>(p);
+      scan_groups<scalar_t, kWideGroup>(p);
     else if (narrow)
       scan_groups<scalar_t, 1>(p);
     else
