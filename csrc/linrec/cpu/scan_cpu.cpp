@@ -9,11 +9,11 @@
 // power-of-two lengths, all map to the same cache sets).
 //
 // Groups run in parallel with at::parallel_for. When there are fewer groups than threads and the
-// sequences are long, each group is also split along L into chunks, as in a chained scan: pass 1
-// scans every chunk but the last from a zero state and keeps (product of its coeffs, final state);
-// pass 2 chains those summaries into each chunk's initial state; pass 3 re-scans every chunk from
-// its initial state and writes the outputs (re-reading x and coeffs moves fewer bytes than writing
-// y twice).
+// sequences are long, each group is also split along L into one chunk more than the threads it
+// gets, as in a chained scan: pass 1 scans the first chunk for good and every other chunk but the
+// last from a zero state, keeping (product of its coeffs, final state); pass 2 chains those
+// summaries into each chunk's initial state; pass 3 re-scans the other chunks from their initial
+// state and writes their outputs (re-reading x and coeffs moves fewer bytes than writing y twice).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -90,7 +90,11 @@ struct Group {
   // Advances the state h over steps [t0, t1) of the recurrence (the forward scan, or the backward
   // one g_u = c_{u-1} g_{u-1} + dy_u) and writes the outputs; with `prod` (a chunk summary) it
   // multiplies prod by every step's coefficient instead of writing outputs.
-  void run(int64_t t0, int64_t t1, acc_t* h, acc_t* prod) const {
+  void run(int64_t t0, int64_t t1, acc_t* h_io, acc_t* prod_io) const {
+    acc_t h[G], p1[G];  // local copies, so that the recurrence stays in registers
+    std::copy(h_io, h_io + G, h);
+    if (prod_io) std::copy(prod_io, prod_io + G, p1);
+    acc_t* prod = prod_io ? p1 : nullptr;
     alignas(64) acc_t a[kTileElems], b[kTileElems], e[kTileElems];
     if (n < G) {  // idle lanes compute on zeros
       std::fill(a, a + kTileElems, acc_t(0));
@@ -104,6 +108,8 @@ struct Group {
       else
         forward_tile(t, m, h, prod, a, b);
     }
+    std::copy(h, h + G, h_io);
+    if (prod_io) std::copy(p1, p1 + G, prod_io);
   }
 
   void forward_tile(int64_t t, int64_t m, acc_t* h, acc_t* prod, acc_t* c, acc_t* x) const {
@@ -176,7 +182,7 @@ void scan_groups(const ScanParams& p) {
   };
   const int64_t threads = at::get_num_threads();
   const int64_t chunks =
-      groups >= threads ? 1 : std::max<int64_t>(1, std::min((threads + groups - 1) / groups, L / kMinChunk));
+      groups >= threads ? 1 : std::max<int64_t>(1, std::min((threads + groups - 1) / groups + 1, L / kMinChunk));
   auto bound = [&](int64_t k) { return k * L / chunks; };
   // The initial state of chunk k of group i: state[(i * chunks + k) * G + g].
   std::vector<acc_t> state(groups * chunks * G, acc_t(0));
@@ -187,7 +193,13 @@ void scan_groups(const ScanParams& p) {
     at::parallel_for(0, groups * (chunks - 1), 1, [&](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; ++j) {
         const int64_t i = j / (chunks - 1), k = j % (chunks - 1), off = (i * chunks + k) * G;
-        group(i).run(bound(k), bound(k + 1), &last[off], &prod[off]);
+        if (k == 0) {  // the first chunk starts from the true initial state: scanned for good here
+          std::copy(&state[off], &state[off] + G, &last[off]);
+          std::fill(&prod[off], &prod[off] + G, acc_t(0));
+          group(i).run(bound(0), bound(1), &last[off], nullptr);
+        } else {
+          group(i).run(bound(k), bound(k + 1), &last[off], &prod[off]);
+        }
       }
     });
     for (int64_t i = 0; i < groups; ++i)
@@ -207,6 +219,7 @@ void scan_groups(const ScanParams& p) {
     }
     for (int64_t j = begin; j < end; ++j) {
       const int64_t i = j / chunks, k = j % chunks;
+      if (chunks > 1 && k == 0) continue;
       group(i).run(bound(k), bound(k + 1), &state[j * G], nullptr);
     }
   });
