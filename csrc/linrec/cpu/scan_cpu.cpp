@@ -95,12 +95,12 @@ struct Group {
     std::copy(h_io, h_io + G, h);
     if (prod_io) std::copy(prod_io, prod_io + G, p1);
     acc_t* prod = prod_io ? p1 : nullptr;
-    alignas(64) acc_t a[kTileElems], b[kTileElems], e[kTileElems];
-    if (n < G) {  // idle lanes compute on zeros
-      std::fill(a, a + kTileElems, acc_t(0));
-      std::fill(b, b + kTileElems, acc_t(0));
-      std::fill(e, e + kTileElems, acc_t(0));
-    }
+    // Three tile buffers, staggered so that equal indices do not share their low address bits
+    // (a store to one would stall the load of the same index from another: 4K aliasing).
+    constexpr int64_t kPitch = kTileElems + 96 / sizeof(acc_t) * 2;
+    alignas(64) acc_t buf[3 * kPitch];
+    if (n < G) std::fill(buf, buf + 3 * kPitch, acc_t(0));  // idle lanes compute on zeros
+    acc_t *a = buf, *b = buf + kPitch, *e = buf + 2 * kPitch;
     for (int64_t t = t0; t < t1; t += T) {
       const int64_t m = std::min(T, t1 - t);
       if (p.backward)
