@@ -155,7 +155,8 @@ TORCH_LIBRARY(linrec, m) {
   // The kernels behind them (csrc/selective/cpu, csrc/selective/cuda), called after the Python
   // checks with A, D, delta_bias, initial_state in the compute dtype. CPU: B, C (D, N) or
   // (B, G, N, L) in u's dtype; CUDA: (B, G, N, L) in u's dtype or float32. states_per_thread is a
-  // launch hint of the CUDA forward kernel (0: its default; 4, 8 or 16), ignored on CPU.
+  // launch hint of the CUDA forward kernel (0: its default; 4, 8 or 16), ignored on CPU and by the
+  // backward (its checkpoint pass takes the default).
   m.def(
       "_selective_scan_fwd(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
       "Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, int states_per_thread=0) -> (Tensor, Tensor)");

@@ -3,22 +3,30 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import CUDA_MARKS
 
-from torch_linrec.bench import SUITE, Impl, Row, implementations, main, run_benchmark, run_checks
-from torch_linrec.bench.cases import make_inputs
+from torch_linrec.bench import SUITE, Impl, Row, implementations, main, run_benchmark, run_checks, selective
+from torch_linrec.bench.cli import _sections, build_parser
+from torch_linrec.bench.cases import make_inputs, parse_shape
 from torch_linrec.bench.check import CHECK_CONFIGS, TOLERANCE
 from torch_linrec.bench.reference import rel_err
-from torch_linrec.bench.timing import make_timer
+from torch_linrec.bench.report import format_notes
+from torch_linrec.bench.timing import device_slug, make_timer
 from torch_linrec.linrec.reference import chunked_scan, scan_backward_ref, scan_ref
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
+# The columns of the committed selective results (bench/results/selective-h100.csv), in order.
+_SELECTIVE_COMMITTED = ["case", "impl", "shape", "dtype", "layout", "ms_fwd", "ms_fwd_bwd", "peak_fwd_gib",
+                        "peak_fwd_bwd_gib", "ratio_fwd", "ratio_fwd_bwd", "rewrites", "status"]
 
 
 def _impl(name: str) -> Impl:
@@ -32,15 +40,20 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
 
 
 def test_quick_job_writes_csv_and_plot_and_native_passes(tmp_path):
-    """The job as users run it: exit status 0, native PASS, one CSV row per implementation x case."""
+    """The job as users run it: exit status 0, native PASS, one CSV row per implementation x case;
+    then the selective section: its table and one CSV row per selective implementation."""
     proc = subprocess.run([sys.executable, "-m", "torch_linrec", "--quick", "--device", "cpu", "--out", str(tmp_path),
-                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert any(line.split()[:2] == ["native", "PASS"] for line in proc.stdout.splitlines()), proc.stdout
-    csvs, pngs = list(tmp_path.glob("*.csv")), list(tmp_path.glob("*.png"))
-    assert len(csvs) == 1 and csvs[0].name.endswith("-quick.csv") and len(pngs) == 1
+    csvs, pngs = sorted(tmp_path.glob("*.csv")), list(tmp_path.glob("*.png"))
+    assert len(csvs) == 2 and len(pngs) == 1, csvs
+    selective_csv, scan_csv = sorted(csvs, key=lambda p: not p.name.startswith("selective-"))
+    assert scan_csv.name.endswith("-quick.csv") and selective_csv.name == "selective-" + scan_csv.name
+    _check_selective_csv(selective_csv, selective.implementations(), selective.TINY, "quick")
+    assert "selective scan (Mamba)" in proc.stdout and "tiny-bf16 (quick)" in proc.stdout
     assert pngs[0].stat().st_size > 10_000
-    header, rows = _read_csv(csvs[0])
+    header, rows = _read_csv(scan_csv)
     assert header == Row.columns()
     # skipped runs (the Python-loop reference on non-tiny cases, interpreted Triton) are notes, not rows
     impls = [i.name for i in implementations(CPU) if i.timed]
@@ -52,14 +65,60 @@ def test_quick_job_writes_csv_and_plot_and_native_passes(tmp_path):
         assert r["status"] == "ok", r
         if r["impl"] != "native":
             continue
-        for col in ("ms_fwd", "ms_fwdbwd", "gbps_fwd", "gbps_fwdbwd", "ms_add", "ratio_fwd", "ratio_fwdbwd"):
+        for col in ("ms_fwd", "ms_fwdbwd", "gbps_fwd", "gbps_fwdbwd", "ms_add", "ratio_fwd", "ratio_fwdbwd",
+                    "host_ms_fwdbwd"):
             assert float(r[col]) > 0, (col, r)
         assert float(r["max_err"]) <= TOLERANCE[getattr(torch, r["dtype"])]
-        assert math.isnan(float(r["peak_mem_mb"]))
+        assert math.isnan(float(r["peak_mem_mb"])) and math.isnan(float(r["graph_ms_fwdbwd"]))
     table = proc.stdout[proc.stdout.index("implementation  case"):]
     assert "skipped" not in table.split("notes:")[0] and "peak mem" not in table  # CPU: no memory column
+    assert "host ms fwd+bwd" in table and "graph ms" not in table.splitlines()[0]  # nor a CUDA-graph column
     assert "skipped: reference on very-few-long (quick)" in proc.stdout
     assert "on a CPU expect ratios around 1" in proc.stdout
+    assert header[-2:] == ["host_ms_fwdbwd", "graph_ms_fwdbwd"]  # appended: older columns keep their places
+
+
+def _check_selective_csv(path: Path, impls, cases, size: str) -> None:
+    """The selective section's CSV: the committed results' columns, one ok row per implementation x case."""
+    header, rows = _read_csv(path)
+    assert header == selective.COLUMNS and header[:13] == _SELECTIVE_COMMITTED
+    assert [(r["case"], r["impl"]) for r in rows] == [(c.name, i) for c in cases for i in impls]
+    for r in rows:
+        assert r["status"] == "ok" and r["size"] == size, r
+        assert float(r["ms_fwd"]) > 0 and float(r["ms_fwd_bwd"]) > 0 and float(r["ratio_fwd"]) > 0
+        assert r["peak_fwd_gib"] == ""  # CPU: not measured
+        # the pass's rewrite count (0 when Inductor's warm cache on torch >= 2.13 serves the compile)
+        assert (r["rewrites"] != "") == r["impl"].endswith("+pass")
+        assert r["rewrites"] == "" or int(r["rewrites"]) >= 0
+
+
+def test_selective_subcommand_writes_its_csv(tmp_path, capsys):
+    """`python -m torch_linrec selective` as before: a line per row, the CSV named selective-<device>.csv."""
+    assert selective.main(["--quick", "--impls", "fused,unfused-eager", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "impl=fused" in out and "impl=unfused-eager" in out
+    (path,) = tmp_path.glob("*.csv")
+    assert path.name == f"selective-{device_slug(CPU)}.csv"
+    _check_selective_csv(path, ["fused", "unfused-eager"], selective.TINY, "quick")
+
+
+def test_selective_cases_per_device():
+    """CPU: one scaled-down case, a tinier one with --quick; CUDA: the full cases (the quick case with --quick)."""
+    assert selective.default_cases(CPU) == (selective.QUICK, "scaled")
+    assert selective.default_cases(CPU, quick=True) == (selective.TINY, "quick")
+    assert selective.default_cases(torch.device("cuda"), quick=False) == (selective.CASES, "full")
+    (tiny,), (small,) = selective.TINY, selective.QUICK
+    assert tiny.batch * tiny.dim * tiny.length < small.batch * small.dim * small.length
+
+
+@pytest.mark.parametrize("argv,expect", [([], ["scan", "selective"]), (["--cases", "small-call"], ["scan"]),
+                                         (["--sections", "selective"], ["selective"]),
+                                         (["--sections", "selective,scan"], ["scan", "selective"]),
+                                         (["--cases", "small-call", "--sections", "scan", "selective"],
+                                          ["scan", "selective"])])
+def test_sections_default_and_choice(argv, expect):
+    parser = build_parser()
+    assert _sections(parser, parser.parse_args(argv)) == expect
 
 
 def test_results_go_to_the_user_data_dir_and_help_lists_impls():
@@ -121,7 +180,8 @@ def test_subset_and_options(tmp_path, capsys):
     assert [(r["impl"], r["case"]) for r in rows] == [("native", "mamba-BLD"), ("native", "small-call")]
 
 
-@pytest.mark.parametrize("argv", [["--cases", "no-such-case"], ["--impls", "no-such-impl"]])
+@pytest.mark.parametrize("argv", [["--cases", "no-such-case"], ["--impls", "no-such-impl"],
+                                  ["--sections", "no-such-section"]])
 def test_unknown_names_are_rejected(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--quick", "--device", "cpu", *argv])
@@ -147,3 +207,126 @@ def test_chunked_reference_matches_scan_ref(shape, dim, reverse, coeffs, initial
                 scan_backward_ref(gy, c, y, h0, dim, reverse))
     for got, want in grads:
         assert got.shape == want.shape and rel_err(got, want) < 1e-13
+
+
+@pytest.mark.parametrize("spec,shape,dtype,dim,reverse,coeffs,name", [
+    ("16x4194304:fp32", (16, 4194304), torch.float32, -1, False, None, "16x4194304:fp32"),
+    ("8x4096x4096:bf16:dim=1", (8, 4096, 4096), torch.bfloat16, 1, False, None, "8x4096x4096:bf16:dim=1"),
+    ("1000x3001:fp16:reverse", (1000, 3001), torch.float16, -1, True, None, "1000x3001:fp16:reverse"),
+    (" 7x5 ", (7, 5), torch.float32, -1, False, None, "7x5:fp32"),
+    ("4x9:bcast", (4, 9), torch.float32, -1, False, (4, 1), "4x9:fp32:coeffs=4x1"),
+    ("2x9x3:reverse:dim=-2:bcast:float16", (2, 9, 3), torch.float16, -2, True, (2, 1, 3),
+     "2x9x3:fp16:dim=-2:reverse:coeffs=2x1x3"),
+    ("2x9x3:dim=1:coeffs=3", (2, 9, 3), torch.float32, 1, False, (3,), "2x9x3:fp32:dim=1:coeffs=3"),
+    ("2x9x3:coeffs=2x9x3", (2, 9, 3), torch.float32, -1, False, None, "2x9x3:fp32"),
+])
+def test_parse_shape(spec, shape, dtype, dim, reverse, coeffs, name):
+    case = parse_shape(spec)
+    assert (case.full, case.scaled, case.quick) == (shape, shape, shape)
+    assert (case.dtype, case.dim, case.reverse, case.coeffs, case.name) == (dtype, dim, reverse, coeffs, name)
+    assert parse_shape(case.name) == case  # the name is the canonical spec
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("", "the shape must be positive sizes"), ("16xx4", "the shape"), ("0x3:fp32", "the shape"),
+    ("4x-5", "the shape"), ("16x4:fp64", "unknown option 'fp64'"), ("16x4:dtype=bf16", "unknown option"),
+    ("16x4:reverse=1", "unknown option"), ("16x4:dim=2", "dim must be an integer in [-2, 1]"),
+    ("16x4:dim=x", "dim must be an integer"), ("16x4:bcast:coeffs=4", "contradicts"),
+    ("16x4:fp32:bf16", "repeats"), ("4x5:coeffs=3", "does not broadcast"),
+    ("4x5:coeffs=2x4x5", "does not broadcast"), ("4x5:coeffs=4x", "coeffs must be positive sizes"),
+])
+def test_bad_shapes_are_rejected_naming_the_entry(spec, message, capsys):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_shape(spec)
+    with pytest.raises(SystemExit) as exc:
+        main(["--quick", "--device", "cpu", "--shapes", "8x16", spec])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --shapes" in err and repr(spec) in err and message in err
+
+
+def test_repeated_shape_is_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--shapes", "8x16", "8x16:fp32"])
+    assert "8x16:fp32" in capsys.readouterr().err
+
+
+def test_shapes_run_alone_unless_cases_given(tmp_path, capsys):
+    """--shapes alone: only those shapes, scan section only; the CSV rows carry the canonical names."""
+    assert main(["--quick", "--device", "cpu", "--shapes", "2x33x5:bf16:dim=1:reverse", "3x40:bcast",
+                 "--impls", "native", "--no-check", "--no-plot", "--no-progress", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*.csv")  # no selective CSV: --shapes picks the scan section alone
+    _, rows = _read_csv(path)
+    assert [(r["case"], r["shape"], r["dim"], r["dtype"], r["size"]) for r in rows] == [
+        ("2x33x5:bf16:dim=1:reverse", "2x33x5", "1", "bfloat16", "full"),
+        ("3x40:fp32:coeffs=3x1", "3x40", "-1", "float32", "full")]
+    for r in rows:
+        assert r["status"] == "ok" and float(r["err_grad_coeffs"]) <= TOLERANCE[getattr(torch, r["dtype"])], r
+    assert "broadcast coeffs count as their fraction" in capsys.readouterr().out
+    assert main(["--quick", "--device", "cpu", "--cases", "small-call", "--shapes", "3x40", "--impls", "native",
+                 "--no-check", "--no-plot", "--no-progress", "--out", str(tmp_path)]) == 0
+    _, rows = _read_csv(path)
+    assert [r["case"] for r in rows] == ["small-call", "3x40:fp32"]
+
+
+def _ignores_reverse(x, coeffs, initial=None, dim=-1, reverse=False):
+    return torch.ops.linrec.scan(x, coeffs, initial, dim, False)
+
+
+def test_shape_options_reach_the_scan_and_the_reference():
+    """reverse is passed on (an implementation that ignores it is inaccurate); coeffs broadcast along the
+    reference's slice leave grad_coeffs unchecked (NaN) but y and grad_x checked."""
+    impls = [_impl("native"), Impl("ignores-reverse", _ignores_reverse)]
+    cases = [parse_shape("3x40:reverse"), parse_shape("5x16x4:dim=1:coeffs=4")]
+    rows = {(r.impl, r.case): r for r in run_benchmark(impls, cases, CPU, "quick", make_timer(CPU, quick=True),
+                                                       progress=False)}
+    assert rows[("native", "3x40:fp32:reverse")].status == "ok"
+    assert rows[("ignores-reverse", "3x40:fp32:reverse")].status == "inaccurate"
+    bcast = rows[("native", "5x16x4:fp32:dim=1:coeffs=4")]
+    assert bcast.status == "ok" and math.isnan(bcast.err_grad_coeffs)
+    assert bcast.max_err == max(bcast.err_y, bcast.err_grad_x) and bcast.ratio_fwdbwd > 0
+    # ratio_fwdbwd counts 5 + 3f tensors against torch.add's 2 + f (f = 4 / 320)
+    f = 4 / 320
+    assert bcast.ratio_fwdbwd == pytest.approx((5 + 3 * f) / (2 + f) * bcast.ms_add / bcast.ms_fwdbwd)
+
+
+def test_host_time_is_per_call_and_device_time_needs_cuda():
+    """host_ms divides a batch's wall time by its calls (each call sleeps 2 ms); graph_ms is NaN on the CPU."""
+    timer = make_timer(CPU, quick=True)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.002)
+    assert timer.host_ms(fn) >= 2.0 and len(calls) >= 3
+    assert math.isnan(timer.graph_ms(fn))
+    (row,) = run_benchmark([_impl("native")], [parse_shape("2x64x8:dim=1")], CPU, "quick", timer, progress=False)
+    assert row.host_ms_fwdbwd > 0 and math.isnan(row.graph_ms_fwdbwd) and row.error == ""
+
+
+def test_uncapturable_call_is_a_note_not_an_error():
+    row = Row(impl="x", case="small-call", size="full", shape="1x2", dim=1, dtype="float32",
+              error="CUDA graph: RuntimeError: operation not permitted when stream is capturing")
+    assert format_notes([row]) == f"  note: x on small-call: {row.error}"
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA_MARKS)])
+def test_cuda_graph_replays_the_captured_call(device):
+    """graph_ms captures the call once and times replays: a counter the call bumps moves on past the
+    3 warmup calls (capture itself runs nothing)."""
+    timer = make_timer(torch.device(device), quick=True)
+    counter = torch.zeros((), device=device)
+    ms = timer.graph_ms(lambda: counter.add_(1))
+    assert ms > 0 and counter.item() > 3
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA_MARKS)])
+def test_small_call_host_and_device_time_on_cuda(device):
+    """Every timed implementation's forward+backward is captured in a CUDA graph on small-call (full size)."""
+    dev = torch.device(device)
+    impls = [i for i in implementations(dev) if i.timed and not i.slow]
+    case = next(c for c in SUITE if c.name == "small-call")
+    rows = run_benchmark(impls, [case], dev, "full", make_timer(dev, quick=True), progress=False)
+    for row in rows:
+        assert row.status == "ok" and row.error == "", (row.impl, row.error)
+        assert row.host_ms_fwdbwd > 0 and row.graph_ms_fwdbwd > 0, row

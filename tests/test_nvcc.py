@@ -78,14 +78,14 @@ def test_kernels_compile_without_spills_all(tmp_path):
 
 
 SELECTIVE_SOURCE = ROOT / "csrc" / "selective" / "cuda" / "selective_scan_bfloat16.cu"
-# Spill allowances, bytes (H100-measured figures in bench/NOTES.md item 19 include them): the backward
-# at N_pad = 256 (8 states x 32 lanes per channel, 8 steps of them in registers) up to 512; forward
-# kernels up to 16 (the 4- and 16-states-per-thread shapes spill 8 and 16 bytes, the default 8 none);
-# every other selective-scan kernel keeps its arrays in registers.
+# Spill allowances, bytes (H100-measured figures in bench/NOTES.md items 19 and 21 include them). The
+# kernels are register-capped on purpose (forward 128: 4 blocks per SM; backward 168: 3), which costs
+# a few spilled words outside the inner loops: forward up to 48, backward up to 96 (at N_pad = 256,
+# 8 states x 32 lanes per channel with its steps in registers, up to 512).
 def _selective_spill_allowed(name: str) -> int:
     if "backward_kernel" in name:
-        return 512 if "Li8ELi32E" in name else 0
-    return 16 if "forward_kernel" in name else 0
+        return 512 if "Li8ELi32E" in name else 96
+    return 48 if "forward_kernel" in name else 0
 
 
 @requires_nvcc

@@ -1,6 +1,7 @@
-"""``python -m torch_linrec``: check every implementation, then benchmark the case suite;
+"""``python -m torch_linrec``: check every implementation, benchmark the case suite, then the selective
+scan (sections ``--sections scan,selective``);
 ``python -m torch_linrec tune``: tune the kernel configs of this GPU (the tuned config cache);
-``python -m torch_linrec selective``: the selective-scan (Mamba) benchmark;
+``python -m torch_linrec selective``: the selective-scan (Mamba) benchmark alone;
 ``python -m torch_linrec layers [--anchors]``: tokens/s of the torch_linrec.nn layers, fused vs plain
 PyTorch (``--anchors``: the layers' GPU performance anchors).
 

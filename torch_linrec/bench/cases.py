@@ -3,7 +3,8 @@
 Every case has three sizes: ``full`` (the GPU suite), ``scaled`` (a CPU machine: leading/batch
 dims divided so that the whole job runs in minutes on a few cores) and ``quick`` (tiny, for
 tests). ``NL`` cases scan the last dim of an ``(N, L)`` tensor; ``BLD`` cases scan dim 1 of a
-``(B, L, D)`` tensor, the Mamba layout.
+``(B, L, D)`` tensor, the Mamba layout. :func:`parse_shape` makes a case of any shape from the main
+job's ``--shapes`` syntax (``16x4194304:fp32``, ``8x4096x4096:bf16:dim=1``, ``1000x3001:fp16:reverse``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Case", "SUITE", "SIZES", "select_cases", "make_inputs", "is_tiny", "format_shape"]
+__all__ = ["Case", "SUITE", "SIZES", "select_cases", "make_inputs", "is_tiny", "format_shape", "parse_shape",
+           "SHAPE_SYNTAX"]
 
 SIZES = ("full", "scaled", "quick")
 COEFF_RANGE = (0.5, 1.0)
@@ -24,7 +26,11 @@ TINY_NUMEL = 1 << 17
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmark case: a shape per size, a layout and a dtype."""
+    """One benchmark case: a shape per size, a layout and a dtype.
+
+    ``scan_dim`` (default: from the layout), ``reverse`` and ``coeffs`` (the coefficients' shape,
+    broadcast to the input's; default the input's) are set by :func:`parse_shape`.
+    """
 
     name: str
     layout: str
@@ -32,10 +38,15 @@ class Case:
     full: tuple[int, ...]
     scaled: tuple[int, ...]
     quick: tuple[int, ...]
+    scan_dim: int | None = None
+    reverse: bool = False
+    coeffs: tuple[int, ...] | None = None
 
     @property
     def dim(self) -> int:
-        """The scanned dim: -1 for ``NL``, 1 for ``BLD``."""
+        """The scanned dim: ``scan_dim`` if set, else -1 for ``NL``, 1 for ``BLD``."""
+        if self.scan_dim is not None:
+            return self.scan_dim
         return -1 if self.layout == "NL" else 1
 
     def shape(self, size: str) -> tuple[int, ...]:
@@ -71,6 +82,77 @@ def select_cases(names: list[str] | None) -> list[Case]:
     if unknown:
         raise ValueError(f"unknown case(s) {unknown}; the suite has {list(known)}")
     return [case for case in SUITE if case.name in names]
+
+
+SHAPE_SYNTAX = ("SHAPE[:DTYPE][:dim=K][:reverse][:bcast | :coeffs=SHAPE], e.g. 16x4194304:fp32, "
+                "8x4096x4096:bf16:dim=1, 1000x3001:fp16:reverse, 8x4096x4096:dim=1:coeffs=4096. SHAPE: sizes "
+                "joined by x; DTYPE: fp32 (default), bf16, fp16; dim: the scanned dim (default -1); reverse: "
+                "scan backwards; bcast: coeffs of size 1 along the scanned dim; coeffs=SHAPE: the coefficients' "
+                "shape, broadcastable to SHAPE")
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "f32": torch.float32,
+           "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16, "f16": torch.float16, "half": torch.float16}
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _parse_sizes(text: str, what: str, spec: str) -> tuple[int, ...]:
+    parts = text.split("x")
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"shape entry {spec!r}: {what} must be positive sizes joined by 'x' (e.g. 8x4096), "
+                         f"got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def parse_shape(spec: str) -> Case:
+    """A :class:`Case` of one ``--shapes`` entry, in the syntax of :data:`SHAPE_SYNTAX`.
+
+    Args:
+        spec: ``SHAPE[:DTYPE][:dim=K][:reverse][:bcast | :coeffs=SHAPE]``; the options after the
+            shape in any order, each at most once.
+
+    Returns:
+        A case of that shape at every size (``full == scaled == quick``: a user's shape is never
+        scaled), named by the canonical form of ``spec`` (``bcast`` spelled as ``coeffs=...``).
+
+    Raises:
+        ValueError: naming ``spec`` and the part that is wrong: a size that is not a positive
+            integer, an unknown dtype or option, a repeated option, ``dim`` out of range, or a
+            coefficient shape that does not broadcast to the shape.
+    """
+    shape_text, *options = spec.strip().split(":")
+    shape = _parse_sizes(shape_text, "the shape", spec)
+    ndim = len(shape)
+    seen: dict[str, str] = {}
+    for opt in options:
+        key = opt.split("=", 1)[0] if "=" in opt else ("dtype" if opt in _DTYPES else opt)
+        if key not in (("dim", "coeffs") if "=" in opt else ("dtype", "reverse", "bcast")):
+            raise ValueError(f"shape entry {spec!r}: unknown option {opt!r}; expected a dtype "
+                             f"({', '.join(_DTYPES)}), dim=K, reverse, bcast or coeffs=SHAPE")
+        if key in seen or (key in ("bcast", "coeffs") and {"bcast", "coeffs"} & seen.keys()):
+            raise ValueError(f"shape entry {spec!r}: {opt!r} repeats or contradicts an earlier option")
+        seen[key] = opt
+    dtype = _DTYPES[seen.get("dtype", "fp32")]
+    dim = -1
+    if "dim" in seen:
+        text = seen["dim"].split("=", 1)[1]
+        if not text.lstrip("-").isdigit() or not -ndim <= int(text) < ndim:
+            raise ValueError(f"shape entry {spec!r}: dim must be an integer in [{-ndim}, {ndim - 1}], got {text!r}")
+        dim = int(text)
+    coeffs = None
+    if "bcast" in seen:
+        coeffs = tuple(1 if d == dim % ndim else n for d, n in enumerate(shape))
+    elif "coeffs" in seen:
+        coeffs = _parse_sizes(seen["coeffs"].split("=", 1)[1], "coeffs", spec)
+        if len(coeffs) > ndim or any(c not in (1, n) for c, n in zip(reversed(coeffs), reversed(shape))):
+            raise ValueError(f"shape entry {spec!r}: coeffs {format_shape(coeffs)} does not broadcast to "
+                             f"the shape {format_shape(shape)}")
+    coeffs = None if coeffs == shape else coeffs
+    reverse = "reverse" in seen
+    name = ":".join([format_shape(shape), _DTYPE_NAMES[dtype]] + ([f"dim={dim}"] if dim != -1 else [])
+                    + (["reverse"] if reverse else []) + ([f"coeffs={format_shape(coeffs)}"] if coeffs else []))
+    layout = "NL" if dim % ndim == ndim - 1 else "BLD" if (ndim, dim % ndim) == (3, 1) else f"d{dim % ndim}"
+    return Case(name, layout, dtype, shape, shape, shape, scan_dim=dim, reverse=reverse, coeffs=coeffs)
 
 
 def make_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str, seed: int = 0,

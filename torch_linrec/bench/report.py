@@ -8,12 +8,14 @@ from pathlib import Path
 from .check import TOLERANCE
 from .runner import Row
 
-__all__ = ["format_table", "format_notes", "write_csv", "plot_ratios", "case_label"]
+__all__ = ["format_table", "format_notes", "write_csv", "plot_ratios", "case_label", "align_table"]
 
 TOLERANCE_NOTE = "the check tolerance (" + ", ".join(
     f"{str(dt).removeprefix('torch.')} {tol:g}" for dt, tol in TOLERANCE.items()) + ")"
-_HEADER = ("implementation", "case", "shape", "dtype", "ms fwd", "ms fwd+bwd", "GB/s fwd", "GB/s fwd+bwd",
-           "ratio fwd", "ratio fwd+bwd", "peak mem", "max err", "status", "config (fwd / bwd)")
+_HEADER = ("implementation", "case", "shape", "dtype", "ms fwd", "ms fwd+bwd", "host ms fwd+bwd", "graph ms fwd+bwd",
+           "GB/s fwd", "GB/s fwd+bwd", "ratio fwd", "ratio fwd+bwd", "peak mem", "max err", "status",
+           "config (fwd / bwd)")
+_LEFT = ("implementation", "case", "shape", "dtype", "status", "config (fwd / bwd)")
 
 
 def case_label(row: Row) -> str:
@@ -38,6 +40,7 @@ def _cells(row: Row) -> tuple[str, ...]:
     else:
         mem = f"{row.peak_mem_mb:{'.0f' if row.peak_mem_mb >= 10 else '.2f'}} MB ({row.peak_mem_tensors:.2f}x)"
     return (row.impl, case_label(row), row.shape, row.dtype, num(row.ms_fwd, _ms), num(row.ms_fwdbwd, _ms),
+            num(row.host_ms_fwdbwd, _ms), num(row.graph_ms_fwdbwd, _ms),
             num(row.gbps_fwd, ".1f"), num(row.gbps_fwdbwd, ".1f"), num(row.ratio_fwd, ".3g"),
             num(row.ratio_fwdbwd, ".3g"), mem, num(row.max_err, ".1e"), row.status, row.config)
 
@@ -45,42 +48,51 @@ def _cells(row: Row) -> tuple[str, ...]:
 def format_table(rows: list[Row]) -> str:
     """The rows as an aligned text table (text columns left-aligned, numbers right-aligned).
 
-    ``peak mem`` is the CUDA peak over one forward+backward call beyond the inputs, in MB and in
-    units of one input tensor (the column is left out when no row measured it: the CPU);
+    ``host ms fwd+bwd`` / ``graph ms fwd+bwd`` split the eager forward+backward into the host's
+    time per call and the device's (CUDA-graph replay; the column is left out when no row measured
+    it: the CPU). ``peak mem`` is the CUDA peak over one forward+backward call beyond the inputs, in
+    MB and in units of one input tensor (left out likewise);
     ``max err`` the largest relative error of ``y``, ``grad_x`` and ``grad_coeffs`` against the
     float64 reference; ``n/a`` marks a skipped run, ``-`` a value not measured because the
     implementation raised.
     """
-    mem_col = _HEADER.index("peak mem")
-    keep = [i for i in range(len(_HEADER))
-            if i != mem_col or any(not math.isnan(row.peak_mem_mb) for row in rows)]
+    cuda_only = {"peak mem": "peak_mem_mb", "graph ms fwd+bwd": "graph_ms_fwdbwd"}
+    keep = [i for i, name in enumerate(_HEADER)
+            if name not in cuda_only or any(not math.isnan(getattr(row, cuda_only[name])) for row in rows)]
     table = [tuple(r[i] for i in keep) for r in [_HEADER] + [_cells(row) for row in rows]]
-    widths = [max(len(r[i]) for r in table) for i in range(len(keep))]
-    left = {keep.index(i) for i in (0, 1, 2, 3, 12, 13)}
+    left = {j for j, i in enumerate(keep) if _HEADER[i] in _LEFT}
+    return align_table(table[0], table[1:], left, groups=[row.case for row in rows])
+
+
+def align_table(header: tuple[str, ...], body: list[tuple[str, ...]], left: set[int],
+                groups: list[str] | None = None) -> str:
+    """Text cells as an aligned table: columns in ``left`` left-aligned, the others right-aligned, a
+    dashed rule under ``header``; a blank line wherever ``groups`` (one key per body row) changes."""
+    widths = [max(len(r[i]) for r in (header, *body)) for i in range(len(header))]
 
     def fmt(cells):
         return "  ".join(c.ljust(w) if i in left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-    lines = [fmt(table[0]), "  ".join("-" * w for w in widths).rstrip()]
-    prev = None
-    for row, cells in zip(rows, table[1:]):
-        if prev is not None and row.case != prev:
+    lines = [fmt(header), "  ".join("-" * w for w in widths).rstrip()]
+    for i, cells in enumerate(body):
+        if groups is not None and i > 0 and groups[i] != groups[i - 1]:
             lines.append("")
-        prev = row.case
         lines.append(fmt(cells))
     return "\n".join(lines)
 
 
 def format_notes(rows: list[Row]) -> str:
-    """One line per distinct error, skip or accuracy problem, with the cases it hit; empty when none."""
+    """One line per distinct error, skip or accuracy problem, or note of an ``ok`` row (a forward+backward
+    that could not be captured in a CUDA graph), with the cases it hit; empty when none."""
     groups: dict[tuple[str, str, str], list[str]] = {}
     for row in rows:
         if row.status == "inaccurate":
             groups.setdefault((row.status, row.impl, f"max err above {TOLERANCE_NOTE}"), []).append(
                 f"{case_label(row)} ({row.max_err:.1e})")
-        elif row.status != "ok":
-            groups.setdefault((row.status, row.impl, row.error), []).append(case_label(row))
+        elif row.status != "ok" or row.error:
+            groups.setdefault((row.status if row.status != "ok" else "note", row.impl, row.error), []).append(
+                case_label(row))
     return "\n".join(f"  {status}: {impl} on {', '.join(cases)}: {error}"
                      for (status, impl, error), cases in groups.items())
 

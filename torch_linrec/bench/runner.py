@@ -8,11 +8,20 @@ then per implementation:
   the first two sequences (batch entries for ``BLD``) are compared with the chunked float64
   reference of :mod:`torch_linrec.bench.reference`;
 * ``ms_fwd``: the forward alone, on inputs that do not require grad;
-* ``ms_fwdbwd``: forward and backward together (``torch.autograd.grad`` in ``x`` and ``coeffs``).
+* ``ms_fwdbwd``: forward and backward together (``torch.autograd.grad`` in ``x`` and ``coeffs``);
+* ``host_ms_fwdbwd``: the host's time per eager forward+backward call (:meth:`Timer.host_ms`: calls
+  issued back to back, the device synchronised between batches outside the timed span);
+* ``graph_ms_fwdbwd``: the device's time of it (:meth:`Timer.graph_ms`: the same forward+backward
+  captured in a CUDA graph and replayed; NaN on the CPU, and when the capture fails, whose message
+  goes to ``error`` with ``status`` still ``ok``). A small call is host-bound: ``ms_fwdbwd`` follows
+  ``host_ms_fwdbwd``, ``graph_ms_fwdbwd`` is the kernels' time alone.
 
 Bandwidth counts 3 tensors for the forward (read ``x, coeffs``, write ``y``) and 8 for forward and
 backward (also read ``grad_y, coeffs, y``, write ``grad_x, grad_coeffs``). The ratios compare with
 moving the same bytes at ``torch.add`` speed: ``t_add / t_fwd`` and ``(8/3 t_add) / t_fwdbwd``.
+Broadcast coeffs (a ``--shapes`` case) count as the fraction ``f = coeffs.numel() / x.numel()`` of a
+tensor, in the scan as in ``torch.add(x, coeffs)``: ``2 + f`` tensors forward, ``5 + 3f`` forward and
+backward, ratio ``((5 + 3f) / (2 + f) t_add) / t_fwdbwd``.
 Rows have ``status`` ``ok``; ``inaccurate`` when the error exceeds the check stage's tolerance for
 the dtype; ``skipped`` for a slow implementation on a non-tiny case; ``error`` when the
 implementation raised, with the message in ``error``.
@@ -67,6 +76,8 @@ class Row:
     config: str = ""
     device: str = ""
     torch: str = torch.__version__
+    host_ms_fwdbwd: float = NAN  # last, so that readers of older CSV files by position still work
+    graph_ms_fwdbwd: float = NAN
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -82,30 +93,40 @@ class SliceReference:
     """Float64 reference results on the first :data:`REF_SEQS` sequences of a case, computed once.
 
     The slice is taken along the first dim that is not scanned (``N`` for ``NL``, ``B`` for
-    ``BLD``); the implementations' outputs are sliced the same way before comparing.
+    ``BLD``); the implementations' outputs are sliced the same way before comparing. Broadcast
+    ``c`` is sliced where it has that dim; when it is broadcast along it and the slice is partial,
+    its gradient (a sum over every sequence) is not checked: ``checked[2]`` is False and its error NaN.
     """
 
-    def __init__(self, x: torch.Tensor, c: torch.Tensor, gy: torch.Tensor, dim: int, count: int = REF_SEQS):
+    def __init__(self, x: torch.Tensor, c: torch.Tensor, gy: torch.Tensor, dim: int, count: int = REF_SEQS,
+                 reverse: bool = False):
         self.dim = dim % x.dim()
+        self.reverse = reverse
         self.bdim = next((d for d in range(x.dim()) if d != self.dim), None)
         self.count = count
-        self._inputs = [self.slice(t) for t in (x, c, gy)]
+        self._c_shape = (1,) * (x.dim() - c.dim()) + tuple(c.shape)
+        grad_c_ok = self.bdim is None or self._c_shape[self.bdim] > 1 or x.shape[self.bdim] <= count
+        self.checked = (True, True, grad_c_ok)
+        self._inputs = [self.slice(t) for t in (x, c.reshape(self._c_shape), gy)]
         self._expected: list[torch.Tensor] | None = None
 
     def slice(self, t: torch.Tensor) -> torch.Tensor:
-        """The part of ``t`` the reference covers."""
+        """The part of ``t`` the reference covers (all of a dim of size 1)."""
         if self.bdim is None:
             return t
         return t.narrow(self.bdim, 0, min(self.count, t.shape[self.bdim]))
 
     def errors(self, y: torch.Tensor, grad_x: torch.Tensor, grad_c: torch.Tensor) -> list[float]:
-        """Relative errors of ``y``, ``grad_x``, ``grad_coeffs`` (full tensors) on the slice."""
+        """Relative errors of ``y``, ``grad_x``, ``grad_coeffs`` (full tensors) on the slice; NaN where not
+        :attr:`checked`."""
         if self._expected is None:
             x, c, gy = self._inputs
-            y_ref = chunked_scan(x, c, None, self.dim)
-            grad_x_ref, grad_c_ref, _ = scan_backward_ref(gy, c, y_ref, None, self.dim, scan=chunked_scan)
+            y_ref = chunked_scan(x, c, None, self.dim, self.reverse)
+            grad_x_ref, grad_c_ref, _ = scan_backward_ref(gy, c, y_ref, None, self.dim, self.reverse,
+                                                          scan=chunked_scan)
             self._expected = [y_ref, grad_x_ref, grad_c_ref]
-        return [rel_err(self.slice(a), e) for a, e in zip((y, grad_x, grad_c), self._expected)]
+        outs = (y, grad_x, grad_c.reshape(self._c_shape))
+        return [rel_err(self.slice(a), e) if ok else NAN for a, e, ok in zip(outs, self._expected, self.checked)]
 
 
 def _short(exc: BaseException) -> str:
@@ -114,16 +135,16 @@ def _short(exc: BaseException) -> str:
 
 
 def _bench_impl(impl: Impl, row: Row, inputs, ref: SliceReference, timer: Timer, device: torch.device,
-                dim: int) -> None:
+                dim: int, reverse: bool = False) -> None:
     """Fills ``row`` for one implementation; an exception leaves the fields measured so far."""
     x, c, gy = inputs
     xg, cg = x.detach().requires_grad_(), c.detach().requires_grad_()
 
     def fwd():
-        return impl.fn(x, c, dim=dim)
+        return impl.fn(x, c, dim=dim, reverse=reverse)
 
     def fwd_bwd():
-        y = impl.fn(xg, cg, dim=dim)
+        y = impl.fn(xg, cg, dim=dim, reverse=reverse)
         return (y, *torch.autograd.grad(y, (xg, cg), gy))
 
     if impl.describe is not None:
@@ -133,17 +154,26 @@ def _bench_impl(impl: Impl, row: Row, inputs, ref: SliceReference, timer: Timer,
     if peak is not None:
         row.peak_mem_mb = peak / 2**20
         row.peak_mem_tensors = peak / tensor_bytes
-    row.err_y, row.err_grad_x, row.err_grad_coeffs = ref.errors(*outs)
-    row.max_err = max(row.err_y, row.err_grad_x, row.err_grad_coeffs)
+    errs = ref.errors(*outs)
+    row.err_y, row.err_grad_x, row.err_grad_coeffs = errs
+    checked = [e for e, ok in zip(errs, ref.checked) if ok]
+    row.max_err = NAN if any(math.isnan(e) for e in checked) else max(checked)
     if not row.max_err <= TOLERANCE[x.dtype]:
         row.status = "inaccurate"
     del outs
+    f = c.numel() / x.numel()  # broadcast coeffs: a fraction of a tensor
+    n_fwd, n_fwdbwd = 2 + f, 5 + 3 * f  # 3 and 8 tensors for full-size coeffs
     row.ms_fwd = timer(fwd)
-    row.gbps_fwd = 3 * tensor_bytes / row.ms_fwd / 1e6
+    row.gbps_fwd = n_fwd * tensor_bytes / row.ms_fwd / 1e6
     row.ratio_fwd = row.ms_add / row.ms_fwd
     row.ms_fwdbwd = timer(fwd_bwd)
-    row.gbps_fwdbwd = 8 * tensor_bytes / row.ms_fwdbwd / 1e6
-    row.ratio_fwdbwd = 8 / 3 * row.ms_add / row.ms_fwdbwd
+    row.gbps_fwdbwd = n_fwdbwd * tensor_bytes / row.ms_fwdbwd / 1e6
+    row.ratio_fwdbwd = n_fwdbwd / n_fwd * row.ms_add / row.ms_fwdbwd
+    row.host_ms_fwdbwd = timer.host_ms(fwd_bwd)
+    try:
+        row.graph_ms_fwdbwd = timer.graph_ms(fwd_bwd)
+    except Exception as exc:  # noqa: BLE001 -- not capturable: the eager numbers stand, the note says why
+        row.error = f"CUDA graph: {_short(exc)}"
 
 
 def _bench_case(case: Case, size: str, impls: list[Impl], timer: Timer, device: torch.device,
@@ -153,10 +183,10 @@ def _bench_case(case: Case, size: str, impls: list[Impl], timer: Timer, device: 
                 dtype=str(case.dtype).removeprefix("torch."), device=dev_name)
     rows = [Row(impl=impl.name, **base) for impl in impls]
     try:
-        inputs = make_inputs(shape, case.dtype, device, seed)
+        inputs = make_inputs(shape, case.dtype, device, seed, coeff_shape=case.coeffs)
         x, c, gy = inputs
         ms_add = timer(lambda: torch.add(x, c))
-        ref = SliceReference(x, c, gy, case.dim)
+        ref = SliceReference(x, c, gy, case.dim, reverse=case.reverse)
     except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: report the case, go on
         for row in rows:
             row.status, row.error = "error", f"case setup: {_short(exc)}"
@@ -171,7 +201,7 @@ def _bench_case(case: Case, size: str, impls: list[Impl], timer: Timer, device: 
             row.status, row.error = "skipped", "n/a: too slow at this size (timed on tiny cases only)"
         else:
             try:
-                _bench_impl(impl, row, inputs, ref, timer, device, case.dim)
+                _bench_impl(impl, row, inputs, ref, timer, device, case.dim, case.reverse)
             except Exception as exc:  # noqa: BLE001 -- an implementation that raises is a result
                 row.status, row.error = "error", _short(exc)
             free_memory(device)

@@ -21,9 +21,11 @@ import torch.nn.functional as F
 
 import torch_linrec
 
+from .report import align_table
 from .timing import device_name, device_slug, free_memory, make_timer, measure_peak
 
-__all__ = ["main", "CASES", "unfused_selective_scan"]
+__all__ = ["main", "CASES", "QUICK", "TINY", "COLUMNS", "default_cases", "implementations", "run_section",
+           "format_table", "write_csv", "unfused_selective_scan"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,9 @@ CASES = [
     Case("mamba-370m-fp32", 8, 2048, 2048, 16, torch.float32, "BDL"),
     Case("long-N64-fp32", 1, 2048, 8192, 64, torch.float32, "BDL"),
 ]
+# The CPU's scaled-down case (and CUDA's --quick case); TINY is the CPU's --quick case.
 QUICK = [Case("small-bf16", 2, 256, 512, 16, torch.bfloat16, "BDL")]
+TINY = [Case("tiny-bf16", 1, 32, 64, 16, torch.bfloat16, "BDL")]
 
 
 def make_inputs(case: Case, device, seed: int = 0) -> dict:
@@ -91,14 +95,34 @@ def _add_bandwidth(case: Case, device, timer) -> float:
     return 3 * a.numel() * a.element_size() / (ms * 1e-3)
 
 
-def _implementations(with_pass: bool) -> dict:
-    impls = {"fused": fused, "unfused-eager": unfused_selective_scan,
-             "unfused-compiled": torch.compile(unfused_selective_scan, fullgraph=True)}
-    if with_pass:
-        from ..compile import selective_scan_fusion
-        impls["unfused-compiled+pass"] = ("pass", torch.compile(unfused_selective_scan, fullgraph=True))
-        impls["_pass_ctx"] = selective_scan_fusion
+def implementations() -> dict:
+    """``{name: (fn, with_pass)}``: the fused op; the unfused path eager and compiled; and, when
+    :mod:`torch_linrec.compile` has the fusion pass, compiled with the pass (``with_pass=True``)."""
+    impls = {"fused": (fused, False), "unfused-eager": (unfused_selective_scan, False),
+             "unfused-compiled": (torch.compile(unfused_selective_scan, fullgraph=True), False)}
+    try:
+        from .. import compile as _compile
+    except ImportError:
+        return impls
+    if hasattr(_compile, "selective_scan_fusion"):
+        impls["unfused-compiled+pass"] = (torch.compile(unfused_selective_scan, fullgraph=True), True)
     return impls
+
+
+def default_cases(device: torch.device, quick: bool = False) -> tuple[list[Case], str]:
+    """The cases of a run and their size label (the CSV's ``size`` column).
+
+    CUDA: :data:`CASES` (``"full"``), with ``quick`` :data:`QUICK` (``"quick"``). CPU:
+    :data:`QUICK`, a scaled-down Mamba shape (``"scaled"``), with ``quick`` :data:`TINY` (``"quick"``).
+    """
+    if device.type == "cuda":
+        return (QUICK, "quick") if quick else (CASES, "full")
+    return (TINY, "quick") if quick else (QUICK, "scaled")
+
+
+def _sig3(v: float) -> float:
+    """Three significant digits (a CPU's ratios are far below 0.001)."""
+    return float(f"{v:.3g}")
 
 
 def run_case(case: Case, name: str, fn, device, timer, add_bw: float) -> dict:
@@ -125,8 +149,8 @@ def run_case(case: Case, name: str, fn, device, timer, add_bw: float) -> dict:
         row.update(ms_fwd=round(ms_f, 4), ms_fwd_bwd=round(ms_fb, 4),
                    peak_fwd_gib=round(peak_f / 2**30, 3) if peak_f is not None else None,
                    peak_fwd_bwd_gib=round(peak_fb / 2**30, 3) if peak_fb is not None else None,
-                   ratio_fwd=round(_min_bytes(case, False) / add_bw / (ms_f * 1e-3), 3),
-                   ratio_fwd_bwd=round(_min_bytes(case, True) / add_bw / (ms_fb * 1e-3), 3), status="ok")
+                   ratio_fwd=_sig3(_min_bytes(case, False) / add_bw / (ms_f * 1e-3)),
+                   ratio_fwd_bwd=_sig3(_min_bytes(case, True) / add_bw / (ms_fb * 1e-3)), status="ok")
     except torch.OutOfMemoryError:
         row["status"] = "out of memory"
     except Exception as exc:  # reported in the row; the other implementations still run
@@ -138,10 +162,69 @@ def run_case(case: Case, name: str, fn, device, timer, add_bw: float) -> dict:
 
 
 COLUMNS = ["case", "impl", "shape", "dtype", "layout", "ms_fwd", "ms_fwd_bwd", "peak_fwd_gib", "peak_fwd_bwd_gib",
-           "ratio_fwd", "ratio_fwd_bwd", "rewrites", "status"]
+           "ratio_fwd", "ratio_fwd_bwd", "rewrites", "status", "size"]
+
+
+def run_section(cases: list[Case], size: str, device: torch.device, timer, impls: dict | None = None,
+                log=None) -> list[dict]:
+    """Runs every implementation on every case; returns one row (``{column: value}``) per pair.
+
+    Args:
+        cases: the cases (see :func:`default_cases`); ``size`` their label, ``"full"``, ``"scaled"``
+            or ``"quick"``.
+        device: where to run; ``timer``: ``timer(fn) -> ms`` (:func:`~torch_linrec.bench.timing.make_timer`).
+        impls: ``{name: (fn, with_pass)}`` (default :func:`implementations`).
+        log: called with each row's ``key=value`` line as it finishes (None: silent).
+
+    A failing implementation gives a row whose ``status`` holds the error; nothing is raised.
+    """
+    impls = implementations() if impls is None else impls
+    rows = []
+    for case in cases:
+        add_bw = _add_bandwidth(case, device, timer)
+        for name, (fn, with_pass) in impls.items():
+            torch._dynamo.reset()
+            if with_pass:
+                from ..compile import fusion_stats, selective_scan_fusion
+                before = fusion_stats().get("selective_scan_fusion", 0)
+                with selective_scan_fusion():
+                    row = run_case(case, name, fn, device, timer, add_bw)
+                row["rewrites"] = fusion_stats().get("selective_scan_fusion", 0) - before
+            else:
+                row = run_case(case, name, fn, device, timer, add_bw)
+            row["size"] = size
+            rows.append(row)
+            if log is not None:
+                log("  ".join(f"{k}={row.get(k)}" for k in COLUMNS if row.get(k) is not None))
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as an aligned text table; the case name carries ``(scaled)`` / ``(quick)`` off the full size,
+    ``-`` marks a value not measured (peak memory off CUDA, a failed run)."""
+    def cell(v):
+        return "-" if v is None or v == "" else str(v)
+
+    header = ("implementation", "case", "shape", "dtype", "layout", "ms fwd", "ms fwd+bwd", "peak GiB fwd",
+              "peak GiB fwd+bwd", "ratio fwd", "ratio fwd+bwd", "rewrites", "status")
+    body = [(r["impl"], r["case"] if r.get("size", "full") == "full" else f"{r['case']} ({r['size']})", r["shape"],
+             r["dtype"], r["layout"], *(cell(r.get(k)) for k in COLUMNS[5:12]), r["status"]) for r in rows]
+    return align_table(header, body, left={0, 1, 2, 3, 4, 12}, groups=[r["case"] for r in rows])
+
+
+def write_csv(rows: list[dict], path: Path) -> Path:
+    """Writes the rows with the :data:`COLUMNS` header to ``path`` (parents created); empty where not measured."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in COLUMNS})
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m torch_linrec selective [--quick] [--out DIR] [--impls a,b] [--cases a,b]``; returns 0."""
     p = argparse.ArgumentParser(prog="python -m torch_linrec selective", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one small case, short timing (a smoke test)")
     p.add_argument("--out", type=Path, default=None, help="folder for the CSV (default: none written)")
@@ -150,43 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     timer = make_timer(device, quick=args.quick)
-    try:
-        from .. import compile as _compile  # noqa: F401
-        with_pass = hasattr(_compile, "selective_scan_fusion")
-    except ImportError:
-        with_pass = False
-    impls = _implementations(with_pass)
-    pass_ctx = impls.pop("_pass_ctx", None)
+    impls = implementations()
     if args.impls:
         impls = {k: v for k, v in impls.items() if k in args.impls.split(",")}
-    cases = QUICK if args.quick or device.type == "cpu" else CASES
+    cases, size = default_cases(device, args.quick)
     if args.cases:
         cases = [c for c in cases if c.name in args.cases.split(",")]
     print(f"selective scan on {device_name(device)}; ratio = the fewest bytes at torch.add speed / time")
-    rows = []
-    for case in cases:
-        add_bw = _add_bandwidth(case, device, timer)
-        for name, fn in impls.items():
-            torch._dynamo.reset()
-            if isinstance(fn, tuple):
-                from ..compile import fusion_stats
-                before = fusion_stats().get("selective_scan_fusion", 0)
-                with pass_ctx():
-                    row = run_case(case, name, fn[1], device, timer, add_bw)
-                row["rewrites"] = fusion_stats().get("selective_scan_fusion", 0) - before
-            else:
-                row = run_case(case, name, fn, device, timer, add_bw)
-            rows.append(row)
-            print("  ".join(f"{k}={row.get(k)}" for k in COLUMNS if row.get(k) is not None), flush=True)
+    rows = run_section(cases, size, device, timer, impls, log=lambda line: print(line, flush=True))
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"selective-{device_slug(device)}.csv"
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: r.get(k) for k in COLUMNS})
-        print(f"wrote {path}")
+        print(f"wrote {write_csv(rows, args.out / f'selective-{device_slug(device)}.csv')}")
     return 0
 
 

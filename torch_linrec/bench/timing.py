@@ -2,23 +2,25 @@
 
 On CUDA, :func:`make_timer` uses ``triton.testing.do_bench`` (median, L2 flushed between calls)
 when Triton is importable, else CUDA events around each call (median). On the CPU it takes
-``time.perf_counter`` medians of repeats after a warmup call.
+``time.perf_counter`` medians of repeats after a warmup call. The timer also splits a call's cost:
+:meth:`Timer.host_ms` (the host's time to issue one call) and :meth:`Timer.graph_ms` (the device's
+time: the call captured in a CUDA graph and replayed).
 """
 from __future__ import annotations
 
 import gc
 import importlib.util
+import math
 import platform
 import re
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-__all__ = ["make_timer", "measure_peak", "free_memory", "device_name", "device_slug"]
-
-Timer = Callable[[Callable[[], object]], float]
+__all__ = ["make_timer", "Timer", "measure_peak", "free_memory", "device_name", "device_slug"]
 
 
 def _cuda_events_ms(fn: Callable[[], object], warmup: int, reps: int) -> float:
@@ -46,27 +48,95 @@ def _cpu_ms(fn: Callable[[], object], budget_s: float, min_reps: int, max_reps: 
     return statistics.median(times) * 1e3
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Timer:
+    """``timer(fn) -> milliseconds``: the median time of one call of ``fn`` on ``device``.
+
+    ``quick`` shortens warmup and repeats (for smoke tests; the numbers are noisier). Build it with
+    :func:`make_timer`.
+    """
+
+    device: torch.device
+    quick: bool = False
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        if self.device.type == "cuda":
+            warmup, rep = (5, 20) if self.quick else (25, 100)
+            with torch.cuda.device(self.device):
+                if importlib.util.find_spec("triton") is not None:
+                    from triton.testing import do_bench
+                    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+                return _cuda_events_ms(fn, warmup=max(3, warmup // 5), reps=max(10, rep // 2))
+        budget, min_reps = self._budget()
+        return _cpu_ms(fn, budget, min_reps, max_reps=50)
+
+    def _budget(self) -> tuple[float, int]:
+        return (0.02, 2) if self.quick else (0.25, 3)
+
+    def host_ms(self, fn: Callable[[], object]) -> float:
+        """Host time of one call of ``fn``: the median over batches of the wall time to issue a batch of
+        calls back to back, divided by the batch's calls.
+
+        The device is synchronised before each batch and after it, outside the timed span, so on CUDA
+        this is the time the host spends per call (Python, dispatch, allocation, launches), not the
+        kernels' time; on the CPU, where calls run synchronously, it is the time of a call. A batch has
+        as many calls as fit in a tenth of the time budget (1 to 100), measured on a warmup call.
+        """
+        budget, min_reps = self._budget()
+        _sync(self.device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(self.device)
+        calls = max(1, min(100, int(budget / 10 / max(time.perf_counter() - t0, 1e-9))))
+        times: list[float] = []
+        t_end = time.perf_counter() + budget
+        while len(times) < min_reps or (len(times) < 50 and time.perf_counter() < t_end):
+            _sync(self.device)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - t0) / calls)
+        _sync(self.device)
+        return statistics.median(times) * 1e3
+
+    def graph_ms(self, fn: Callable[[], object]) -> float:
+        """Device time of one call of ``fn``: ``fn`` captured once in a CUDA graph (after three warmup
+        calls on a side stream, as ``torch.cuda.graph`` asks), the replay timed as :meth:`__call__`
+        times a call. NaN off CUDA.
+
+        Raises:
+            RuntimeError: when ``fn`` cannot be captured (it synchronises, or copies to the host).
+        """
+        if self.device.type != "cuda":
+            return math.nan
+        with torch.cuda.device(self.device):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            try:
+                return self(graph.replay)
+            finally:
+                torch.cuda.synchronize()
+                del graph
+
+
 def make_timer(device: torch.device, quick: bool = False) -> Timer:
-    """A function ``timer(fn) -> milliseconds``: the median time of one call of ``fn`` on ``device``.
+    """A :class:`Timer`, ``timer(fn) -> milliseconds``: the median time of one call of ``fn`` on ``device``.
 
     ``quick`` shortens warmup and repeats (for smoke tests; the numbers are noisier).
     """
-    if device.type == "cuda":
-        warmup, rep = (5, 20) if quick else (25, 100)
-        if importlib.util.find_spec("triton") is not None:
-            from triton.testing import do_bench
-
-            def timer(fn):
-                with torch.cuda.device(device):
-                    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-            return timer
-
-        def timer(fn):
-            with torch.cuda.device(device):
-                return _cuda_events_ms(fn, warmup=max(3, warmup // 5), reps=max(10, rep // 2))
-        return timer
-    budget, min_reps = (0.02, 2) if quick else (0.25, 3)
-    return lambda fn: _cpu_ms(fn, budget, min_reps, max_reps=50)
+    return Timer(torch.device(device), quick)
 
 
 def measure_peak(fn: Callable[[], object], device: torch.device):

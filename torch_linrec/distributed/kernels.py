@@ -22,7 +22,7 @@ the element type of the output pointer, float32 or float64).
 import triton
 import triton.language as tl
 
-from ..linrec.triton.kernels import _combine, _last, _tile, _walk
+from ..linrec.triton.kernels import _chan_block, _combine, _last, _seq_rows, _tile, _walk
 
 
 @triton.jit
@@ -35,10 +35,7 @@ def chunk_summary_seq_kernel(
     """Summary, sequence layout. Grid: ``(cdiv(N, BLOCK_N), n_seg)``."""
     i_n = tl.program_id(0)
     i_s = tl.program_id(1).to(tl.int64)
-    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    i_o = o_n // NI
-    i_i = o_n % NI
+    i_o, i_i, m_n = _seq_rows(i_n, N, NI, BLOCK_N)
     p_x = x + (i_o * sx_o + i_i * sx_i)[:, None]
     p_c = c + (i_o * sc_o + i_i * sc_i)[:, None]
     b_a = tl.full([BLOCK_N], 1., tl.float32)
@@ -70,10 +67,7 @@ def chunk_summary_chan_kernel(
     """Summary, channel layout. Grid: ``(NO * cdiv(NI, BLOCK_D), n_seg)``."""
     i_p = tl.program_id(0)
     i_s = tl.program_id(1).to(tl.int64)
-    n_db = (NI + BLOCK_D - 1) // BLOCK_D
-    i_o = (i_p // n_db).to(tl.int64)
-    o_d = (i_p % n_db).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m_d = o_d < NI
+    i_o, o_d, m_d = _chan_block(i_p, NI, BLOCK_D)
     p_x = x + (i_o * sx_o + o_d * sx_i)[None, :]
     p_c = c + (i_o * sc_o + o_d * sc_i)[None, :]
     b_a = tl.full([BLOCK_D], 1., tl.float32)

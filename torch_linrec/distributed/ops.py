@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .. import _library
 from ..dispatch import choose
 from ..linrec.checks import batch_shape, check_scan_args, check_scan_backward_args
 from ..linrec.ops import NATIVE, TRITON, is_triton_config
@@ -172,3 +173,16 @@ def _no_double_backward(ctx, *grads):
 
 
 context_parallel_scan_backward_op.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)
+
+
+_library.document_op("context_parallel_scan", """linrec::context_parallel_scan(x, coeffs, initial, dim, reverse, group_name) -> (y, carry)
+
+This rank's chunk of the scan y[l] = coeffs[l] * y[l-1] + x[l] of a sequence split along `dim` over
+the ranks of the process group `group_name` (rank order = sequence order): the chunk's summary
+(product of coeffs, last output) is all-gathered, the ranks' summaries are scanned to the state
+entering this chunk (carry), and the chunk is scanned from it. Public entry point:
+torch_linrec.distributed.context_parallel_scan.""")
+_library.document_op("context_parallel_scan_backward", """linrec::context_parallel_scan_backward(grad_y, coeffs, y, carry, dim, reverse, group_name) -> (grad_x, grad_coeffs, grad_initial)
+
+The vector-Jacobian product of linrec::context_parallel_scan: the reverse context-parallel scan of
+grad_y; grad_initial is non-zero on the rank where the walk starts.""")

@@ -9,7 +9,8 @@
 namespace linrec {
 namespace selective {
 
-template <typename T, int SPT, int TPC, bool kBackward>
+// kBackward: the backward kernel; else the forward kernel, its checkpoint-only form when p.out is null.
+template <typename T, int SPT, int TPC, bool kBackward, bool kOut = true>
 cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStream_t stream) {
   constexpr int CPB = kThreads / TPC;
   // Blocks stay inside one segment of channels sharing their B and C groups.
@@ -18,16 +19,22 @@ cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStr
   const int64_t blocks = p.batch * groups * ((grp.segment + CPB - 1) / CPB);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if (blocks == 0) return cudaSuccess;
-  constexpr int smem = kBackward ? backward_smem<SPT, TPC>() : forward_smem<SPT, TPC>();
+  int smem;
   const void* kernel;
-  if constexpr (kBackward) kernel = reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC>);
-  else kernel = reinterpret_cast<const void*>(&forward_kernel<T, SPT, TPC>);
+  if constexpr (kBackward) {
+    smem = backward_smem<SPT, TPC>();
+    kernel = reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC>);
+  } else {
+    smem = forward_smem<SPT, TPC>();
+    kernel = reinterpret_cast<const void*>(&forward_kernel<T, SPT, TPC, kOut>);
+  }
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (kBackward) backward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp);
-  else forward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp, launch.vector_loads);
+  if constexpr (kBackward) backward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp, launch.loads);
+  else forward_kernel<T, SPT, TPC, kOut><<<blocks, kThreads, smem, stream>>>(p, grp, launch.vector_stores,
+                                                                       launch.loads);
   return cudaGetLastError();
 }
 
@@ -37,6 +44,8 @@ cudaError_t dispatch(const SelectiveParams& p, const SelectiveLaunch& launch, bo
   const int64_t tpc = p.nstate_pad / spt;
 #define LINREC_SELECTIVE_CASE(SPT, TPC) \
   if (spt == SPT && tpc == TPC) return run<T, SPT, TPC, false>(p, launch, stream);
+#define LINREC_SELECTIVE_CKPT_CASE(SPT, TPC) \
+  if (spt == SPT && tpc == TPC) return run<T, SPT, TPC, false, false>(p, launch, stream);
 #define LINREC_SELECTIVE_BWD_CASE(SPT, TPC) \
   if (spt == SPT && tpc == TPC) return run<T, SPT, TPC, true>(p, launch, stream);
   if (backward) {
@@ -45,6 +54,12 @@ cudaError_t dispatch(const SelectiveParams& p, const SelectiveLaunch& launch, bo
     LINREC_SELECTIVE_BWD_CASE(4, 16)
     LINREC_SELECTIVE_BWD_CASE(4, 32)
     LINREC_SELECTIVE_BWD_CASE(8, 32)
+  } else if (p.out.p == nullptr) {  // the checkpoint pass: the default shapes only
+    LINREC_SELECTIVE_CKPT_CASE(4, 4)
+    LINREC_SELECTIVE_CKPT_CASE(4, 8)
+    LINREC_SELECTIVE_CKPT_CASE(4, 16)
+    LINREC_SELECTIVE_CKPT_CASE(8, 16)
+    LINREC_SELECTIVE_CKPT_CASE(16, 16)
   } else {
     LINREC_SELECTIVE_CASE(16, 1)
     LINREC_SELECTIVE_CASE(16, 2)
@@ -55,13 +70,13 @@ cudaError_t dispatch(const SelectiveParams& p, const SelectiveLaunch& launch, bo
     LINREC_SELECTIVE_CASE(8, 4)
     LINREC_SELECTIVE_CASE(8, 8)
     LINREC_SELECTIVE_CASE(8, 16)
-    LINREC_SELECTIVE_CASE(8, 32)
     LINREC_SELECTIVE_CASE(4, 4)
     LINREC_SELECTIVE_CASE(4, 8)
     LINREC_SELECTIVE_CASE(4, 16)
     LINREC_SELECTIVE_CASE(4, 32)
   }
 #undef LINREC_SELECTIVE_CASE
+#undef LINREC_SELECTIVE_CKPT_CASE
 #undef LINREC_SELECTIVE_BWD_CASE
   return cudaErrorInvalidConfiguration;
 }

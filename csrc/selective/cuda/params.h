@@ -43,13 +43,19 @@ struct SelectiveParams {
 // nstate_pad floats, 64 KiB at most), and the backward checkpoints the states after every tile.
 constexpr int64_t selective_tile_steps(int64_t nstate_pad) { return nstate_pad <= 128 ? 32 : 16; }
 
+// Where the kernels' tile loader may use 16-byte loads (host-checked for every row it reads): along
+// steps (unit step stride, 16-byte aligned rows) or along channels (unit channel stride, 16-byte
+// aligned batch and step strides and base).
+enum TileLoads : int { kScalarLoads = 0, kStepVectors = 1, kChannelVectors = 2 };
+
 enum class SelectiveDType : int { kFloat32, kFloat16, kBFloat16 };
 
 // Launch shape: `states_per_thread` states of one channel per thread, nstate_pad / states_per_thread
-// threads per channel (a power of two, at most 32: one warp).
+// threads per channel (a power of two, at most 32: one warp; at most 16 in the forward at N_pad = 256).
 struct SelectiveLaunch {
   int states_per_thread = 16;
-  bool vector_loads = false;  // u, delta, z, out have unit step stride and 16-byte aligned rows
+  bool vector_stores = false;  // out has unit step stride and 16-byte aligned rows
+  int loads = 0;               // TileLoads: how the per-step inputs may be read (16-byte vectors or not)
 };
 
 }  // namespace linrec

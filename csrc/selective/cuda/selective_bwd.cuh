@@ -5,25 +5,6 @@
 namespace linrec {
 namespace selective {
 
-// Reduce-scatter over the channels of a warp (lane bits from 16 down to TPC): each level halves
-// the values a lane holds, adding its partner's other half. Leaves NV / CPW values per lane: those
-// of original index `off` onwards.
-template <int CNT, int M, int TPC>
-__device__ __forceinline__ void reduce_scatter(float* v, int lane, int& off) {
-  if constexpr (M >= TPC) {
-    constexpr int H = CNT / 2;
-    const bool hi = lane & M;
-#pragma unroll
-    for (int i = 0; i < H; ++i) {
-      const float send = hi ? v[i] : v[i + H];
-      const float keep = hi ? v[i + H] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, M);
-    }
-    off += hi ? H : 0;
-    reduce_scatter<H, M / 2, TPC>(v, lane, off);
-  }
-}
-
 // Element i of a block's (CPB, TS) tile of rows: consecutive threads walk the contiguous dim.
 template <int CPB, int TS>
 __device__ __forceinline__ void tile_pos(int i, bool steps_fast, int* ch, int* s) {
@@ -39,33 +20,13 @@ struct BackwardTiles {
 };
 
 template <typename T, int CPB, int TS>
-__device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0,
+__device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0, int loads,
                                                     const BackwardTiles& tl) {
-  constexpr int kPer = (CPB * TS + kThreads - 1) / kThreads;
-  const bool steps_fast = p.u.sl == 1;
+  const Strided3 in[4] = {p.u, p.delta, p.dout, p.z};
   const bool has_z = p.z.p != nullptr;
-  uint32_t bu[kPer], bdelta[kPer], bdout[kPer], bz[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    int ch, s;
-    tile_pos<CPB, TS>(i, steps_fast, &ch, &s);
-    const bool in = i < CPB * TS && ch < c.count && t0 + s < p.len;
-    const int64_t d = c.first_d + ch, l = t0 + s;
-    bu[k] = in ? load_bits<T>(row<const T>(p.u, c.b, d) + l * p.u.sl) : 0u;
-    bdelta[k] = in ? load_bits<T>(row<const T>(p.delta, c.b, d) + l * p.delta.sl) : 0u;
-    bdout[k] = in ? load_bits<T>(row<const T>(p.dout, c.b, d) + l * p.dout.sl) : 0u;
-    bz[k] = in && has_z ? load_bits<T>(row<const T>(p.z, c.b, d) + l * p.z.sl) : 0u;
-  }
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    if (i >= CPB * TS) continue;
-    int ch, s;
-    tile_pos<CPB, TS>(i, steps_fast, &ch, &s);
+  for_tile<T, CPB, TS, 4>(in, c.b, c.first_d, c.count, t0, p.len, loads, [&](int ch, int s, const float(&v)[4]) {
     const int at = ch * (TS + 1) + s;
-    const float u = from_bits<T>(bu[k]), delta = from_bits<T>(bdelta[k]);
-    const float dout = from_bits<T>(bdout[k]), z = from_bits<T>(bz[k]);
+    const float u = v[0], delta = v[1], dout = v[2], z = v[3];
     const float raw = delta + (p.delta_bias && ch < c.count ? p.delta_bias[c.first_d + ch] : 0.f);
     tl.dt[at] = p.softplus ? softplus(raw) : raw;
     tl.dscale[at] = p.softplus ? sigmoid(raw) : 1.f;
@@ -77,7 +38,7 @@ __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, co
     } else {
       tl.dy[at] = dout;
     }
-  }
+  });
 }
 
 template <typename T, int CPB, int TS>
@@ -105,7 +66,7 @@ __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, c
 template <int SPT, int TPC>
 struct BackwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
-  static constexpr int S = 8, kMaxSub = TS / S, kWarps = kThreads / 32;
+  static constexpr int S = 4, kMaxSub = TS / S, kWarps = kThreads / 32;
   static constexpr bool kWarpSlices = NP <= 64;
   static constexpr int kRows = 4 * TS * NP, kTile = CPB * (TS + 1);
   static constexpr int kSub = kRows + 5 * kTile;                          // sub-chunk entry states
@@ -113,8 +74,11 @@ struct BackwardSmem {
   static constexpr int kFloats = kRed + (kWarpSlices ? kWarps : 1) * S * 2 * NP;
 };
 
+// 3 blocks (12 warps) per SM below N_pad = 256: at most 168 registers (unbounded, the compiler takes
+// ~230 and 2 blocks fit; H100: 2.30 vs 2.36 ms bf16, 2.36 vs 2.33 float32, bench/NOTES.md).
 template <typename T, int SPT, int TPC>
-__global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParams p, const Groups grp) {
+__global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_kernel(const SelectiveParams p, const Groups grp,
+                                                            const int loads) {
   using L = BackwardSmem<SPT, TPC>;
   constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB;
   constexpr int CPW = 32 / TPC, NV = 2 * SPT;
@@ -149,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
   for (int64_t k = ntiles - 1; k >= 0; --k) {
     const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
     const int nsub = static_cast<int>((t1 - t0 + S - 1) / S);
-    load_backward_tiles<T, CPB, TS>(p, c, t0, tl);
+    load_backward_tiles<T, CPB, TS>(p, c, t0, loads, tl);
     if (k > 0) {
       stage_bc<NP, TS>(smem + ((k - 1) % 2) * 2 * TS * NP, Bg, Cg, t0 - TS, len);
       cp_async_wait<1>();
@@ -161,12 +125,16 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
     const float* sC = sB + TS * NP;
 
     // One step forward of the states a thread owns (s: step within the tile).
-    auto advance = [&](int s, float(&h)[SPT]) {
+    // (a: the step's decays exp(dt A), kept for the adjoint.)
+    auto advance = [&](int s, float(&h)[SPT], float(&a)[SPT]) {
       const float dt = r_dt[s], dtu = dt * r_u[s];
       float Bv[SPT];
       states_at<SPT>(sB + s * NP, Bv);
 #pragma unroll
-      for (int n = 0; n < SPT; ++n) h[n] = fmaf(exp2f(dt * A2[n]), h[n], dtu * Bv[n]);
+      for (int n = 0; n < SPT; ++n) {
+        a[n] = exp2f(dt * A2[n]);
+        h[n] = fmaf(a[n], h[n], dtu * Bv[n]);
+      }
     };
 
     // Pass 1: the states entering each sub-chunk, into shared memory (thread-major: conflict-free).
@@ -184,13 +152,16 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
         for (int n = 0; n < SPT; ++n) sub[(j * SPT + n) * kThreads] = h[n];
         if (j + 1 < nsub)
 #pragma unroll
-          for (int t = 0; t < S; ++t) advance(j * S + t, h);
+          for (int t = 0; t < S; ++t) {
+            float a[SPT];
+            advance(j * S + t, h, a);
+          }
       }
     }
 #pragma unroll 1
     for (int j = nsub - 1; j >= 0; --j) {
       const int s0 = j * S;
-      float hs[S][SPT], h0s[SPT];
+      float hs[S][SPT], as[S][SPT], h0s[SPT];
       {
         float h[SPT];
 #pragma unroll
@@ -198,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
 #pragma unroll
         for (int t = 0; t < S; ++t) {
           if (t0 + s0 + t < t1) {
-            advance(s0 + t, h);
+            advance(s0 + t, h, as[t]);
             if (has_z) {  // dz = y silu'(z) dout, with y recomputed from the states
               float Cv[SPT], y = 0.f;
               states_at<SPT>(sC + (s0 + t) * NP, Cv);
@@ -232,15 +203,15 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
 #pragma unroll
         for (int n = 0; n < SPT; ++n) {
           const float hp = t > 0 ? hs[t > 0 ? t - 1 : 0][n] : h0s[n];
-          const float a = exp2f(dt * A2[n]);
+          const float a = as[t][n];
           g[n] = fmaf(a_next[n], g[n], dy * Cv[n]);
           a_next[n] = a;
           const float gah = g[n] * a * hp;
           ddt_a = fmaf(gah, A2[n], ddt_a);  // times ln 2 below: A = A2 ln 2
           dub = fmaf(g[n], Bv[n], dub);
           dA[n] = fmaf(gah, dt, dA[n]);
-          v[n] = c.valid ? g[n] * dtu : 0.f;
-          v[SPT + n] = c.valid ? dy * hs[t][n] : 0.f;
+          v[n] = g[n] * dtu;  // zero for the padding channels of a block: their u and dy are 0
+          v[SPT + n] = dy * hs[t][n];
         }
         const float sa = channel_sum<TPC>(ddt_a), sb = channel_sum<TPC>(dub);
         const float ddelta = fmaf(sa, kLn2, sb * u) * tl.dscale[cl * (TS + 1) + s];
@@ -252,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const SelectiveParam
           tl.dt[cl * (TS + 1) + s] = ddelta;
         }
         int off = 0;
-        reduce_scatter<NV, 16, TPC>(v, lane, off);
+        reduce_scatter<NV, 16, TPC>(v, lane, off);  // over the warp's channels
 #pragma unroll
         for (int i = 0; i < NV / CPW; ++i) {
           const int j2 = off + i;  // dB state n0 + j2, or dC state n0 + j2 - SPT

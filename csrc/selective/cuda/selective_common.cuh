@@ -53,6 +53,14 @@ template <> __device__ __forceinline__ float from_bits<__half>(uint32_t w) {
 }
 template <> __device__ __forceinline__ float from_bits<__nv_bfloat16>(uint32_t w) { return __uint_as_float(w << 16); }
 
+// Element e of a 16-byte vector of T, as float.
+template <typename T>
+__device__ __forceinline__ float lane_of(const uint4& w, int e) {
+  const uint32_t word = (e * sizeof(T)) / 4 == 0 ? w.x : (e * sizeof(T)) / 4 == 1 ? w.y : (e * sizeof(T)) / 4 == 2 ? w.z : w.w;
+  if constexpr (sizeof(T) == 4) return from_bits<T>(word);
+  else return from_bits<T>((word >> (16 * (e % 2))) & 0xffffu);
+}
+
 // The raw bits of one element, loaded as an integer: cuda_bf16.h converts with inline asm, which
 // would make each load complete before the next is issued; converting later (from_bits) keeps a
 // thread's loads in flight together.
@@ -62,55 +70,143 @@ __device__ __forceinline__ uint32_t load_bits(const T* p) {
   else return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
 
-// 32 bytes of consecutive steps of one row (V steps), as raw words.
-template <typename T>
-struct Steps {
-  static constexpr int V = 32 / sizeof(T);
-  static constexpr int kPerWord = 4 / sizeof(T);
-  uint32_t w[8];
+// Calls f(ch, s, v) for every element of a block's window of NT (batch, dim, len) tensors: channels
+// d0 + ch for ch < CPB, steps t0 + s for s < TS; v[k] = tensor k's value, 0 for a null tensor and
+// outside `count` channels or `len` steps. Consecutive threads walk the contiguous dim, 16-byte loads
+// where `loads` allows it and the window is whole; a thread's loads are issued before any conversion.
+template <typename T, int CPB, int TS, int NT, typename F>
+__device__ __forceinline__ void for_tile(const Strided3 (&ts)[NT], int64_t b, int64_t d0, int count, int64_t t0,
+                                         int64_t len, int loads, F&& f) {
+  constexpr int VE = 16 / sizeof(T);
+  if (loads == kStepVectors && t0 + TS <= len) {
+    constexpr int RV = TS / VE, K = (CPB * RV + kThreads - 1) / kThreads, KC = 1;
+#pragma unroll 1
+    for (int k0 = 0; k0 < K; k0 += KC) {
+      uint4 w[KC][NT];
+#pragma unroll
+      for (int k = 0; k < KC; ++k) {
+        const int i = threadIdx.x + (k0 + k) * kThreads, ch = i / RV, s = (i % RV) * VE;
+        const bool in = i < CPB * RV && ch < count;
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          w[k][t] = in && ts[t].p ? __ldg(reinterpret_cast<const uint4*>(row<const T>(ts[t], b, d0 + ch) + t0 + s))
+                                  : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int k = 0; k < KC; ++k) {
+        const int i = threadIdx.x + (k0 + k) * kThreads;
+        if (i >= CPB * RV) continue;
+#pragma unroll
+        for (int e = 0; e < VE; ++e) {
+          float v[NT];
+#pragma unroll
+          for (int t = 0; t < NT; ++t) v[t] = lane_of<T>(w[k][t], e);
+          f(i / RV, (i % RV) * VE + e, v);
+        }
+      }
+    }
+    return;
+  }
+  if constexpr (CPB >= VE && CPB % VE == 0) {
+  if (loads == kChannelVectors && count == CPB && d0 % VE == 0) {
+    constexpr int CV = CPB / VE, K = (CV * TS + kThreads - 1) / kThreads, KC = 1;
+#pragma unroll 1
+    for (int k0 = 0; k0 < K; k0 += KC) {
+      uint4 w[KC][NT];
+#pragma unroll
+      for (int k = 0; k < KC; ++k) {
+        const int i = threadIdx.x + (k0 + k) * kThreads, s = i / CV, ch = (i % CV) * VE;
+        const bool in = i < CV * TS && t0 + s < len;
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          w[k][t] = in && ts[t].p
+                        ? __ldg(reinterpret_cast<const uint4*>(row<const T>(ts[t], b, d0 + ch) + (t0 + s) * ts[t].sl))
+                        : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int k = 0; k < KC; ++k) {
+        const int i = threadIdx.x + (k0 + k) * kThreads;
+        if (i >= CV * TS) continue;
+#pragma unroll
+        for (int e = 0; e < VE; ++e) {
+          float v[NT];
+#pragma unroll
+          for (int t = 0; t < NT; ++t) v[t] = lane_of<T>(w[k][t], e);
+          f((i % CV) * VE + e, i / CV, v);
+        }
+      }
+    }
+    return;
+  }
+  }
+  const bool steps_fast = ts[0].sl == 1;
+  constexpr int K = (CPB * TS + kThreads - 1) / kThreads, KC = K < 8 ? K : 8;
+#pragma unroll 1
+  for (int k0 = 0; k0 < K; k0 += KC) {
+    uint32_t w[KC][NT];
+#pragma unroll
+    for (int k = 0; k < KC; ++k) {
+      const int i = threadIdx.x + (k0 + k) * kThreads;
+      const int ch = steps_fast ? i / TS : i % CPB, s = steps_fast ? i % TS : i / CPB;
+      const bool in = i < CPB * TS && ch < count && t0 + s < len;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        w[k][t] = in && ts[t].p ? load_bits<T>(row<const T>(ts[t], b, d0 + ch) + (t0 + s) * ts[t].sl) : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < KC; ++k) {
+      const int i = threadIdx.x + (k0 + k) * kThreads;
+      if (i >= CPB * TS) continue;
+      float v[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) v[t] = from_bits<T>(w[k][t]);
+      f(steps_fast ? i / TS : i % CPB, steps_fast ? i % TS : i / CPB, v);
+    }
+  }
+}
 
-  // Steps l .. l+V-1 (zero past len); `vec`: unit stride and 16-byte aligned rows.
-  __device__ __forceinline__ void load(const T* r, int64_t sl, int64_t l, int64_t len, bool vec) {
-    if (vec && l + V <= len) {
-      const uint4* p = reinterpret_cast<const uint4*>(r + l);
-      const uint4 a = __ldg(p), b = __ldg(p + 1);
-      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+// E consecutive steps of one row from float values: 4-, 8- or 16-byte stores where `vec` (unit step
+// stride, aligned row; l a multiple of E) and the E steps are inside len, else one element at a time.
+template <typename T, int E>
+__device__ __forceinline__ void store_run(T* r, int64_t sl, int64_t l, int64_t len, bool vec, const float (&v)[E]) {
+  constexpr int kBytes = E * static_cast<int>(sizeof(T));
+  if constexpr (kBytes % 4 == 0 && kBytes <= 16) {
+    if (vec && l + E <= len) {
+      constexpr int W = kBytes / 4, kPerWord = 4 / sizeof(T);
+      uint32_t w[W];
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        w[k] = 0;
+#pragma unroll
+        for (int j = 0; j < kPerWord; ++j) w[k] |= bits<T>(from_float<T>(v[k * kPerWord + j])) << (16 * j);
+      }
+      if constexpr (W == 4) *reinterpret_cast<uint4*>(r + l) = make_uint4(w[0], w[1], w[2], w[3]);
+      else if constexpr (W == 2) *reinterpret_cast<uint2*>(r + l) = make_uint2(w[0], w[1]);
+      else *reinterpret_cast<uint32_t*>(r + l) = w[0];
       return;
     }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int j = 0; j < kPerWord; ++j) {
-        const int64_t s = l + k * kPerWord + j;
-        if (s < len) word |= load_bits<T>(r + s * sl) << (16 * j);
-      }
-      w[k] = word;
-    }
   }
-  __device__ __forceinline__ float operator[](int i) const {
-    return from_bits<T>(kPerWord == 1 ? w[i] : (w[i / kPerWord] >> (16 * (i % kPerWord))) & 0xffffu);
-  }
-};
+#pragma unroll
+  for (int i = 0; i < E; ++i)
+    if (l + i < len) r[(l + i) * sl] = from_float<T>(v[i]);
+}
 
-template <typename T, int V>
-__device__ __forceinline__ void store_steps(T* r, int64_t sl, int64_t l, int64_t len, bool vec, const float (&v)[V]) {
-  if (vec && l + V <= len) {
-    uint32_t w[8];
+// Reduce-scatter over lane bits M, M/2, ..., LO: each level halves the CNT values a lane holds, adding
+// its partner's other half (the lane with the bit set keeps the upper half). Leaves CNT / (M / LO * 2)
+// sums per lane: those of original index `off` onwards.
+template <int CNT, int M, int LO>
+__device__ __forceinline__ void reduce_scatter(float* v, int lane, int& off) {
+  if constexpr (M >= LO && LO >= 1) {
+    constexpr int H = CNT / 2;
+    const bool hi = lane & M;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      w[k] = 0;
-#pragma unroll
-      for (int j = 0; j < 4 / static_cast<int>(sizeof(T)); ++j)
-        w[k] |= bits<T>(from_float<T>(v[k * (4 / sizeof(T)) + j])) << (16 * j);
+    for (int i = 0; i < H; ++i) {
+      const float send = hi ? v[i] : v[i + H];
+      const float keep = hi ? v[i + H] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, M);
     }
-    uint4* p = reinterpret_cast<uint4*>(r + l);
-    p[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    p[1] = make_uint4(w[4], w[5], w[6], w[7]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i)
-      if (l + i < len) r[(l + i) * sl] = from_float<T>(v[i]);
+    off += hi ? H : 0;
+    reduce_scatter<H, M / 2, LO>(v, lane, off);
   }
 }
 
@@ -123,11 +219,11 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Starts copying steps [t0, t0 + TS) of the block's B and C rows ((len, NP) float32, contiguous)
-// into `dst` (B then C, TS x NP floats each); steps past len read as zero.
-template <int NP, int TS>
+// into `dst` (B then C, TS x NP floats each; B only when !kC); steps past len read as zero.
+template <int NP, int TS, bool kC = true>
 __device__ __forceinline__ void stage_bc(float* dst, const float* B, const float* C, int64_t t0, int64_t len) {
   constexpr int kVecs = TS * NP / 4;
-  for (int i = threadIdx.x; i < 2 * kVecs; i += kThreads) {
+  for (int i = threadIdx.x; i < (kC ? 2 : 1) * kVecs; i += kThreads) {
     const int j = i < kVecs ? i : i - kVecs;
     const int64_t step = t0 + (4 * j) / NP;
     const float* src = (i < kVecs ? B : C) + t0 * NP + 4 * j;

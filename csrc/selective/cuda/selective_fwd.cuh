@@ -5,12 +5,30 @@
 namespace linrec {
 namespace selective {
 
-template <typename T, int SPT, int TPC>
-__global__ void __launch_bounds__(kThreads) forward_kernel(const SelectiveParams p, const Groups grp, const bool vec) {
-  constexpr int V = Steps<T>::V, NP = SPT * TPC, TS = selective_tile_steps(NP), CPB = kThreads / TPC;
-  extern __shared__ __align__(16) float smem[];  // 2 buffers of (B, C) tiles
+// Shared memory of the forward kernel, in floats: 2 buffers of (B, C) tiles; the tile's per-step
+// values, (dt, dt u) and (u, silu(z)) float2 rows per channel (padded by 16 bytes: the channels of a
+// warp read one step conflict-free); the block's delta_bias.
+template <int SPT, int TPC>
+struct ForwardSmem {
+  static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
+  static constexpr int V = TPC > 8 ? TPC : 8;  // steps per group: the y sums of a group are reduce-scattered
+  static constexpr int RS = 2 * TS + 4;          // floats per per-step row
+  static constexpr int kRows = 4 * TS * NP, kDd = kRows, kUg = kDd + CPB * RS, kBias = kUg + CPB * RS;
+  static constexpr int kFloats = kBias + CPB;
+  static_assert(TS % V == 0, "a tile holds whole groups");
+};
+
+// 4 blocks (16 warps) per SM at up to 8 states per thread: the unrolled group's B and C loads would
+// otherwise take ~150 registers and 3 blocks per SM. kOut = false: the backward's checkpoint pass,
+// which needs only the states (no C, z, y or out).
+template <typename T, int SPT, int TPC, bool kOut>
+__global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(const SelectiveParams p, const Groups grp, const bool vec,
+                                                           const int loads) {
+  using L = ForwardSmem<SPT, TPC>;
+  constexpr int NP = L::NP, TS = L::TS, CPB = L::CPB, V = L::V, E = V / TPC, RS = L::RS;
+  extern __shared__ __align__(16) float smem[];
   const Channel c = channel_of<CPB>(p, grp);
-  const int n0 = (threadIdx.x % TPC) * SPT;
+  const int lane = threadIdx.x % 32, j = threadIdx.x % TPC, n0 = j * SPT, cl = threadIdx.x / TPC;
   const int64_t len = p.len;
   float A2[SPT], h[SPT];
 #pragma unroll
@@ -18,69 +36,73 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const SelectiveParams
     A2[n] = p.A2[c.d * NP + n0 + n];
     h[n] = p.h0 && n0 + n < p.nstate ? p.h0[c.row * p.nstate + n0 + n] : 0.f;
   }
-  const float bias = p.delta_bias ? p.delta_bias[c.d] : 0.f, Dd = p.D ? p.D[c.d] : 0.f;
-  const T* ur = row<const T>(p.u, c.b, c.d);
-  const T* dr = row<const T>(p.delta, c.b, c.d);
-  const T* zr = p.z.p ? row<const T>(p.z, c.b, c.d) : nullptr;
-  T* outr = p.out.p ? row<T>(p.out, c.b, c.d) : nullptr;
+  float* sbias = smem + L::kBias;
+  for (int i = threadIdx.x; i < CPB; i += kThreads)
+    sbias[i] = p.delta_bias && i < c.count ? p.delta_bias[c.first_d + i] : 0.f;
+  const float Dd = p.D ? p.D[c.d] : 0.f;
+  const bool has_z = kOut && p.z.p != nullptr;
+  T* outr = kOut && p.out.p ? row<T>(p.out, c.b, c.d) : nullptr;
   const float* Bg = p.B + (c.b * grp.b + c.gb) * len * NP;
   const float* Cg = p.C + (c.b * grp.c + c.gc) * len * NP;
+  float2* dd = reinterpret_cast<float2*>(smem + L::kDd);
+  float2* ug = reinterpret_cast<float2*>(smem + L::kUg);
+  const float4* rdd = reinterpret_cast<const float4*>(smem + L::kDd + cl * RS);
+  const float2* rug = reinterpret_cast<const float2*>(smem + L::kUg + cl * RS);
+  const Strided3 io[3] = {p.u, p.delta, kOut ? p.z : Strided3{}};
   const int64_t ntiles = (len + TS - 1) / TS;
-  Steps<T> su, sd, sz;
-  su.load(ur, p.u.sl, 0, len, vec);
-  sd.load(dr, p.delta.sl, 0, len, vec);
-  if (zr) sz.load(zr, p.z.sl, 0, len, vec);
-  if (ntiles > 0) stage_bc<NP, TS>(smem, Bg, Cg, 0, len);
+  if (ntiles > 0) stage_bc<NP, TS, kOut>(smem, Bg, Cg, 0, len);
   for (int64_t k = 0; k < ntiles; ++k) {
     const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
-    if (k + 1 < ntiles) {
-      stage_bc<NP, TS>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    __syncthreads();  // the previous tile's per-step rows are read; sbias is written
+    for_tile<T, CPB, TS, 3>(io, c.b, c.first_d, c.count, t0, len, loads, [&](int ch, int s, const float(&v)[3]) {
+      const bool in = ch < c.count && t0 + s < len;
+      const float dt = in ? step_dt(v[1], sbias[ch], p.softplus) : 0.f;  // padding steps keep the state
+      dd[ch * (RS / 2) + s] = make_float2(dt, dt * v[0]);
+      if (kOut) ug[ch * (RS / 2) + s] = make_float2(v[0], has_z ? v[2] * sigmoid(v[2]) : 1.f);
+    });
+    cp_async_wait<0>();
     __syncthreads();
+    if (k + 1 < ntiles) stage_bc<NP, TS, kOut>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
     const float* sB = smem + (k % 2) * 2 * TS * NP + n0;
     const float* sC = sB + TS * NP;
-    for (int64_t l0 = t0; l0 < t1; l0 += V) {
-      Steps<T> nu, nd, nz;
-      if (l0 + V < len) {
-        nu.load(ur, p.u.sl, l0 + V, len, vec);
-        nd.load(dr, p.delta.sl, l0 + V, len, vec);
-        if (zr) nz.load(zr, p.z.sl, l0 + V, len, vec);
-      }
-      float yv[V];
+    for (int g = 0; g < t1 - t0; g += V) {
+      float y[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        yv[i] = 0.f;
-        if (l0 + i < len) {
-          const float u = su[i], dt = step_dt(sd[i], bias, p.softplus), dtu = dt * u;
-          float Bv[SPT], Cv[SPT];
-          states_at<SPT>(sB + (l0 - t0 + i) * NP, Bv);
-          states_at<SPT>(sC + (l0 - t0 + i) * NP, Cv);
-          float y = 0.f;
+      for (int i = 0; i < V; i += 2) {
+        const float4 q = rdd[(g + i) / 2];
 #pragma unroll
-          for (int n = 0; n < SPT; ++n) {
-            h[n] = fmaf(exp2f(dt * A2[n]), h[n], dtu * Bv[n]);
-            y = fmaf(Cv[n], h[n], y);
+        for (int i2 = 0; i2 < 2; ++i2) {
+          const float dt = i2 ? q.z : q.x, dtu = i2 ? q.w : q.y;
+          float Bv[SPT];
+          states_at<SPT>(sB + (g + i + i2) * NP, Bv);
+#pragma unroll
+          for (int n = 0; n < SPT; ++n) h[n] = fmaf(exp2f(dt * A2[n]), h[n], dtu * Bv[n]);
+          if constexpr (kOut) {
+            float Cv[SPT], acc = 0.f;
+            states_at<SPT>(sC + (g + i + i2) * NP, Cv);
+#pragma unroll
+            for (int n = 0; n < SPT; ++n) acc = fmaf(Cv[n], h[n], acc);
+            y[i + i2] = acc;
           }
-          y = fmaf(Dd, u, channel_sum<TPC>(y));
-          if (zr) {
-            const float zv = sz[i];
-            y *= zv * sigmoid(zv);
-          }
-          yv[i] = y;
         }
       }
-      if (outr && c.valid && n0 == 0) store_steps<T, V>(outr, p.out.sl, l0, len, vec, yv);
-      su = nu, sd = nd, sz = nz;
+      if constexpr (kOut) {
+        int off = 0;  // this lane's E steps of the group: g + off ..
+        reduce_scatter<V, TPC / 2, 1>(y, lane, off);
+        float o[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const float2 r = rug[g + off + e];
+          o[e] = fmaf(Dd, r.x, y[e]) * r.y;
+        }
+        if (outr && c.valid) store_run<T, E>(outr, p.out.sl, t0 + g + off, len, vec, o);
+      }
     }
     if (p.ckpt && t1 < len && c.valid) {
       float* ck = p.ckpt + (c.row * ntiles + k) * NP + n0;
 #pragma unroll
       for (int n = 0; n < SPT; ++n) ck[n] = h[n];
     }
-    __syncthreads();  // the tile's buffer is refilled next iteration
   }
   if (p.last && c.valid)
 #pragma unroll
@@ -88,10 +110,10 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const SelectiveParams
       if (n0 + n < p.nstate) p.last[c.row * p.nstate + n0 + n] = h[n];
 }
 
-// Dynamic shared memory of the forward kernel, bytes: 2 buffers of (B, C) tiles.
+// Dynamic shared memory of the forward kernel, bytes.
 template <int SPT, int TPC>
 constexpr int forward_smem() {
-  return 4 * static_cast<int>(selective_tile_steps(SPT * TPC)) * SPT * TPC * 4;
+  return ForwardSmem<SPT, TPC>::kFloats * 4;
 }
 
 }  // namespace selective

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -43,18 +44,39 @@ Tensor step_major(const Tensor& t, int64_t np) {
   return out;
 }
 
-bool rows_aligned(const Tensor& t) {
-  const int64_t es = static_cast<int64_t>(t.element_size());
-  return t.stride(2) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.stride(0) * es) % 16 == 0 &&
-         (t.stride(1) * es) % 16 == 0;
+bool aligned16(const Tensor& t, int64_t stride) {
+  return (stride * static_cast<int64_t>(t.element_size())) % 16 == 0;
 }
 
-// Forward: 8 states per thread (8 independent exp2s per step; 16 leave too few warps to hide the
-// loads, H100 sweep in bench/NOTES.md); 4 when the channels alone leave the SMs short of threads.
-int forward_states_per_thread(int64_t channels, int64_t np, int sms, int64_t requested) {
-  if (requested == 4 || requested == 8 || requested == 16) return static_cast<int>(std::max<int64_t>(requested, np / 32));
-  const int spt = channels * (np / 8) < static_cast<int64_t>(sms) * 128 ? 4 : 8;
-  return static_cast<int>(std::max<int64_t>(spt, np / 32));
+// Unit step stride and 16-byte aligned rows: 16-byte accesses along steps.
+bool rows_aligned(const Tensor& t) {
+  return t.stride(2) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && aligned16(t, t.stride(0)) &&
+         aligned16(t, t.stride(1));
+}
+
+// Unit channel stride ((batch, len, dim)-contiguous views) and 16-byte aligned steps.
+bool steps_aligned(const Tensor& t) {
+  return t.stride(1) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && aligned16(t, t.stride(0)) &&
+         aligned16(t, t.stride(2));
+}
+
+// How the kernels' tile loader may read the per-step inputs (TileLoads in selective_common.cuh).
+int tile_loads(std::initializer_list<const Tensor*> ts) {
+  bool steps = true, channels = true;
+  for (const Tensor* t : ts) {
+    if (t == nullptr) continue;
+    steps = steps && rows_aligned(*t);
+    channels = channels && steps_aligned(*t);
+  }
+  return steps ? kStepVectors : channels ? kChannelVectors : kScalarLoads;
+}
+
+// Forward: 4 states per thread (H100: 0.34 ms vs 0.40 at 8 and 0.59 at 16 on the Mamba-370m
+// shape, bench/NOTES.md); at least N_pad / 16 (16 threads per channel at most: a group of 16 steps
+// is reduce-scattered over a channel's threads). `requested` (4, 8 or 16) overrides the default.
+int forward_states_per_thread(int64_t np, int64_t requested) {
+  const int64_t spt = requested == 4 || requested == 8 || requested == 16 ? requested : 4;
+  return static_cast<int>(std::max<int64_t>(spt, np / 16));
 }
 
 // Backward: 4 states per thread (16 steps of them live in registers), 8 at N_pad = 256 (a channel
@@ -123,8 +145,6 @@ Prepared prepare(const Tensor& u, const Tensor& delta, const Tensor& A, const Te
   return r;
 }
 
-int sm_count(const Tensor& u) { return at::cuda::getDeviceProperties(u.device().index())->multiProcessorCount; }
-
 std::tuple<Tensor, Tensor> selective_scan_fwd_cuda(const Tensor& u, const Tensor& delta, const Tensor& A,
                                                    const Tensor& B, const Tensor& C, const OptTensor& D,
                                                    const OptTensor& z, const OptTensor& delta_bias,
@@ -138,8 +158,9 @@ std::tuple<Tensor, Tensor> selective_scan_fwd_cuda(const Tensor& u, const Tensor
   p.out = strided(out);
   p.last = last.data_ptr<float>();
   SelectiveLaunch l;
-  l.states_per_thread = forward_states_per_thread(p.batch * p.dim, p.nstate_pad, sm_count(u), states_per_thread);
-  l.vector_loads = rows_aligned(u) && rows_aligned(delta) && (!z || rows_aligned(*z)) && rows_aligned(out);
+  l.states_per_thread = forward_states_per_thread(p.nstate_pad, states_per_thread);
+  l.vector_stores = rows_aligned(out);
+  l.loads = tile_loads({&u, &delta, z ? &*z : nullptr});
   check_launch(launch(u.scalar_type(), p, l, false));
   return {out, last};
 }
@@ -160,8 +181,8 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
   Tensor ckpt = at::empty({nchunks > 1 ? p.batch * p.dim * nchunks * p.nstate_pad : 0}, f32);
   p.ckpt = nchunks > 1 ? ckpt.data_ptr<float>() : nullptr;
   SelectiveLaunch fl;
-  fl.states_per_thread = forward_states_per_thread(p.batch * p.dim, p.nstate_pad, sm_count(u), states_per_thread);
-  fl.vector_loads = rows_aligned(u) && rows_aligned(delta) && (!z || rows_aligned(*z));
+  fl.states_per_thread = forward_states_per_thread(p.nstate_pad, 0);  // p.out null: the states-only kernel
+  fl.loads = tile_loads({&u, &delta});
   if (p.ckpt) check_launch(launch(u.scalar_type(), p, fl, false));
 
   Tensor du = at::empty_like(u), ddelta = at::empty_like(delta);
@@ -184,6 +205,7 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
   p.dh0 = dh0.data_ptr<float>();
   SelectiveLaunch bl;
   bl.states_per_thread = backward_states_per_thread(p.nstate_pad);
+  bl.loads = tile_loads({&u, &delta, &grad_out, z ? &*z : nullptr});
   check_launch(launch(u.scalar_type(), p, bl, true));
   const int64_t n = p.nstate;
   auto states_last = [n](const Tensor& t) { return t.narrow(3, 0, n).transpose(2, 3).contiguous(); };

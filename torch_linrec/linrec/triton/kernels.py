@@ -87,6 +87,23 @@ def _last(b, AXIS: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr):
 
 
 @triton.jit
+def _seq_rows(i_n, N, NI, BLOCK_N: tl.constexpr):
+    """Sequence layout: the BLOCK_N rows of program ``i_n`` among N = outer x NI rows, as
+    ``(outer index, inner index, mask)``."""
+    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return o_n // NI, o_n % NI, o_n < N
+
+
+@triton.jit
+def _chan_block(i_p, NI, BLOCK_D: tl.constexpr):
+    """Channel layout: program ``i_p``'s outer index and its BLOCK_D channels of NI, as
+    ``(outer index, channel offsets, mask)``."""
+    n_db = (NI + BLOCK_D - 1) // BLOCK_D
+    o_d = (i_p % n_db).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
+    return (i_p // n_db).to(tl.int64), o_d, o_d < NI
+
+
+@triton.jit
 def linrec_fwd_seq_kernel(
     x, c, h0, y,
     N, L, NI,
@@ -95,10 +112,7 @@ def linrec_fwd_seq_kernel(
 ):
     """Forward scan, sequence layout; ``WALK_BACK`` is ``reverse``. Grid: ``(cdiv(N, BLOCK_N),)``."""
     i_n = tl.program_id(0)
-    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    i_o = o_n // NI
-    i_i = o_n % NI
+    i_o, i_i, m_n = _seq_rows(i_n, N, NI, BLOCK_N)
     p_x = x + (i_o * sx_o + i_i * sx_i)[:, None]
     p_c = c + (i_o * sc_o + i_i * sc_i)[:, None]
     p_y = y + (i_o * sy_o + i_i * sy_i)[:, None]
@@ -127,10 +141,7 @@ def linrec_fwd_chan_kernel(
 ):
     """Forward scan, channel layout; ``WALK_BACK`` is ``reverse``. Grid: ``(NO * cdiv(NI, BLOCK_D),)``."""
     i_p = tl.program_id(0)
-    n_db = (NI + BLOCK_D - 1) // BLOCK_D
-    i_o = (i_p // n_db).to(tl.int64)
-    o_d = (i_p % n_db).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m_d = o_d < NI
+    i_o, o_d, m_d = _chan_block(i_p, NI, BLOCK_D)
     p_x = x + (i_o * sx_o + o_d * sx_i)[None, :]
     p_c = c + (i_o * sc_o + o_d * sc_i)[None, :]
     p_y = y + (i_o * sy_o + o_d * sy_i)[None, :]
@@ -191,10 +202,7 @@ def linrec_bwd_seq_kernel(
     ``WALK_BACK`` is ``not reverse`` (the walk runs against the forward scan); grid as forward.
     """
     i_n = tl.program_id(0)
-    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    i_o = o_n // NI
-    i_i = o_n % NI
+    i_o, i_i, m_n = _seq_rows(i_n, N, NI, BLOCK_N)
     p_dy = dy + (i_o * sdy_o + i_i * sdy_i)[:, None]
     p_c = c + (i_o * sc_o + i_i * sc_i)[:, None]
     p_y = y + (i_o * sy_o + i_i * sy_i)[:, None]
@@ -230,10 +238,7 @@ def linrec_bwd_chan_kernel(
     ``WALK_BACK`` is ``not reverse`` (the walk runs against the forward scan); grid as forward.
     """
     i_p = tl.program_id(0)
-    n_db = (NI + BLOCK_D - 1) // BLOCK_D
-    i_o = (i_p // n_db).to(tl.int64)
-    o_d = (i_p % n_db).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m_d = o_d < NI
+    i_o, o_d, m_d = _chan_block(i_p, NI, BLOCK_D)
     p_dy = dy + (i_o * sdy_o + o_d * sdy_i)[None, :]
     p_c = c + (i_o * sc_o + o_d * sc_i)[None, :]
     p_y = y + (i_o * sy_o + o_d * sy_i)[None, :]

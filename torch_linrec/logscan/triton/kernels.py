@@ -12,7 +12,7 @@ log space, with identity ``(0, -inf)`` (what masked lanes load). Arithmetic is f
 import triton
 import triton.language as tl
 
-from ...linrec.triton.kernels import _last, _tile, _walk
+from ...linrec.triton.kernels import _chan_block, _last, _seq_rows, _tile, _walk
 
 
 @triton.jit
@@ -40,10 +40,7 @@ def log_scan_fwd_seq_kernel(
 ):
     """Log-space scan, sequence layout; ``WALK_BACK`` is ``reverse``. Grid: ``(cdiv(N, BLOCK_N),)``."""
     i_n = tl.program_id(0)
-    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    i_o = o_n // NI
-    i_i = o_n % NI
+    i_o, i_i, m_n = _seq_rows(i_n, N, NI, BLOCK_N)
     p_x = x + (i_o * sx_o + i_i * sx_i)[:, None]
     p_c = c + (i_o * sc_o + i_i * sc_i)[:, None]
     p_y = y + (i_o * sy_o + i_i * sy_i)[:, None]
@@ -72,10 +69,7 @@ def log_scan_fwd_chan_kernel(
 ):
     """Log-space scan, channel layout; ``WALK_BACK`` is ``reverse``. Grid: ``(NO * cdiv(NI, BLOCK_D),)``."""
     i_p = tl.program_id(0)
-    n_db = (NI + BLOCK_D - 1) // BLOCK_D
-    i_o = (i_p // n_db).to(tl.int64)
-    o_d = (i_p % n_db).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m_d = o_d < NI
+    i_o, o_d, m_d = _chan_block(i_p, NI, BLOCK_D)
     p_x = x + (i_o * sx_o + o_d * sx_i)[None, :]
     p_c = c + (i_o * sc_o + o_d * sc_i)[None, :]
     p_y = y + (i_o * sy_o + o_d * sy_i)[None, :]
