@@ -1,19 +1,22 @@
 // CPU kernel of linrec::scan and linrec::scan_backward.
 //
-// Sequences are processed in groups of G neighbours along the innermost batch dim, one tile of
-// steps at a time: each operand's tile is copied into an L1-resident buffer laid out
-// [step][sequence] in the accumulation type, the group's recurrences advance side by side there
-// (vector lanes), and the outputs are copied back. In the (B, L, D) layout a tile row is a
-// D-contiguous run; in the (N, L) layout each sequence's tile is a contiguous run of steps, so a
-// group streams through G short runs rather than touching G rows per step (rows that, at
-// power-of-two lengths, all map to the same cache sets).
+// Three paths, chosen per call from the layout:
+// - walk (scan_avx2.h): every operand contiguous along L (the (N, L) layout, either direction):
+//   one sequence at a time, 8 steps per vector with an in-register scan. Each sequence streams its
+//   own contiguous runs, so no set of rows competes for the same cache sets at power-of-two
+//   lengths, and one sequence runs as fast as many.
+// - rows (scan_avx2.h): channels contiguous (the (B, L, D) layout): blocks of channels walk L, each
+//   step one contiguous run per operand.
+// - strided: any other layout, float64, or a CPU without AVX2: groups of 16 neighbouring sequences
+//   advance side by side with scalar loads at their strides.
 //
-// Groups run in parallel with at::parallel_for. When there are fewer groups than threads and the
-// sequences are long, each group is also split along L into one chunk more than the threads it
-// gets, as in a chained scan: pass 1 scans the first chunk for good and every other chunk but the
-// last from a zero state, keeping (product of its coeffs, final state); pass 2 chains those
-// summaries into each chunk's initial state; pass 3 re-scans the other chunks from their initial
-// state and writes their outputs (re-reading x and coeffs moves fewer bytes than writing y twice).
+// Work items (sequences, channel blocks, groups) run in parallel with at::parallel_for. When there
+// are fewer items than threads and each is long, every item is also split along L into one chunk
+// more than the threads it gets, as in a chained scan: pass 1 scans the first chunk for good and
+// summarises every other chunk but the last (the product of its coefficients and its final state
+// from a zero state, read without writing); the summaries chain into each chunk's initial state;
+// pass 2 scans the other chunks from it. That moves 5/3 of the bytes of one pass over the split
+// chunks, so it pays only with more than one core really free.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -21,219 +24,242 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "../../common/errors.h"
 #include "../ops.h"
+#include "scan_avx2.h"
 
 namespace linrec {
 namespace {
 
-constexpr int64_t kTileElems = 2048;  // elements of one operand's tile buffer
-constexpr int64_t kMinChunk = 16384;  // shortest chunk when a sequence is split along L
-constexpr int64_t kWideGroup = 64;    // sequences per group in the (B, L, D) layout, 16 in (N, L)
+constexpr int64_t kGroup = 16;           // sequences per group of the strided path
+constexpr int64_t kMinChunk = 1 << 17;   // fewest elements (steps x state width) of one chunk of a split
+constexpr int64_t kGrainElems = 1 << 15; // fewest elements per parallel_for task
 
-// One slot of one group: base pointer at the group's first sequence, step and sequence strides.
-template <typename scalar_t>
-struct Operand {
-  scalar_t* ptr;
-  int64_t ls, cs;
-};
-
-// buf[t * G + g] = src[(t0 + t) * ls + g * cs] for t < T, g < n, converted to acc_t.
-template <int64_t G, typename acc_t, typename scalar_t>
-void load_tile(acc_t* buf, const Operand<scalar_t>& src, int64_t t0, int64_t T, int64_t n) {
-  const scalar_t* s = src.ptr + t0 * src.ls;
-  if (src.cs == 1) {
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t g = 0; g < n; ++g) buf[t * G + g] = static_cast<acc_t>(s[t * src.ls + g]);
-  } else {
-    for (int64_t g = 0; g < n; ++g)
-      for (int64_t t = 0; t < T; ++t) buf[t * G + g] = static_cast<acc_t>(s[t * src.ls + g * src.cs]);
-  }
-}
-
-// The inverse copy: dst[(t0 + t) * ls + g * cs] = buf[t * G + g].
-template <int64_t G, typename acc_t, typename scalar_t>
-void store_tile(const Operand<scalar_t>& dst, const acc_t* buf, int64_t t0, int64_t T, int64_t n) {
-  scalar_t* d = dst.ptr + t0 * dst.ls;
-  if (dst.cs == 1) {
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t g = 0; g < n; ++g) d[t * dst.ls + g] = static_cast<scalar_t>(buf[t * G + g]);
-  } else {
-    for (int64_t g = 0; g < n; ++g)
-      for (int64_t t = 0; t < T; ++t) d[t * dst.ls + g * dst.cs] = static_cast<scalar_t>(buf[t * G + g]);
-  }
-}
-
-template <typename scalar_t, int64_t G>
-struct Group {
-  using acc_t = at::opmath_type<scalar_t>;
-  static constexpr int64_t T = kTileElems / G;  // steps per tile
-
-  const ScanParams& p;
-  int64_t seq0, n;  // first flat sequence index, sequences in the group (<= G)
-
-  Operand<scalar_t> operand(int slot) const {
-    const int64_t cs = p.nbatch > 0 ? p.bstride[slot][0] : 0;
-    return {static_cast<scalar_t*>(p.ptr[slot]) + seq_offset(p, slot, seq0), p.lstride[slot], cs};
-  }
-
-  // The initial state of each sequence (zero without one).
-  void initial(acc_t* h) const {
-    std::fill(h, h + G, acc_t(0));
-    if (!p.ptr[kInit]) return;
-    const Operand<scalar_t> h0 = operand(kInit);
-    for (int64_t g = 0; g < n; ++g) h[g] = static_cast<acc_t>(h0.ptr[g * h0.cs]);
-  }
-
-  // Advances the state h over steps [t0, t1) of the recurrence (the forward scan, or the backward
-  // one g_u = c_{u-1} g_{u-1} + dy_u) and writes the outputs; with `prod` (a chunk summary) it
-  // multiplies prod by every step's coefficient instead of writing outputs.
-  void run(int64_t t0, int64_t t1, acc_t* h_io, acc_t* prod_io) const {
-    acc_t h[G], p1[G];  // local copies, so that the recurrence stays in registers
-    std::copy(h_io, h_io + G, h);
-    if (prod_io) std::copy(prod_io, prod_io + G, p1);
-    acc_t* prod = prod_io ? p1 : nullptr;
-    // Three tile buffers, staggered so that equal indices do not share their low address bits
-    // (a store to one would stall the load of the same index from another: 4K aliasing).
-    constexpr int64_t kPitch = kTileElems + 96 / sizeof(acc_t) * 2;
-    alignas(64) acc_t buf[3 * kPitch];
-    if (n < G) std::fill(buf, buf + 3 * kPitch, acc_t(0));  // idle lanes compute on zeros
-    acc_t *a = buf, *b = buf + kPitch, *e = buf + 2 * kPitch;
-    for (int64_t t = t0; t < t1; t += T) {
-      const int64_t m = std::min(T, t1 - t);
-      if (p.backward)
-        backward_tile(t, m, h, prod, a, b, e);
-      else
-        forward_tile(t, m, h, prod, a, b);
-    }
-    std::copy(h, h + G, h_io);
-    if (prod_io) std::copy(p1, p1 + G, prod_io);
-  }
-
-  void forward_tile(int64_t t, int64_t m, acc_t* h, acc_t* prod, acc_t* c, acc_t* x) const {
-    load_tile<G>(c, operand(kCoeff), t, m, n);
-    load_tile<G>(x, operand(kIn), t, m, n);
-    if (prod) {
-      for (int64_t s = 0; s < m; ++s)
-        for (int64_t g = 0; g < G; ++g) {
-          prod[g] *= c[s * G + g];
-          h[g] = c[s * G + g] * h[g] + x[s * G + g];
-        }
-      return;
-    }
-    for (int64_t s = 0; s < m; ++s)
-      for (int64_t g = 0; g < G; ++g) {
-        h[g] = c[s * G + g] * h[g] + x[s * G + g];
-        x[s * G + g] = h[g];
-      }
-    store_tile<G>(operand(kOut), x, t, m, n);
-  }
-
-  // Step u of the backward: dx_u = g_u, dc_u = g_u y_{u+1} (y_L = initial); c_{-1} = 0.
-  void backward_tile(int64_t t, int64_t m, acc_t* h, acc_t* prod, acc_t* cprev, acc_t* dy, acc_t* ynext) const {
-    const Operand<scalar_t> c = operand(kCoeff);
-    if (t == 0) {
-      std::fill(cprev, cprev + G, acc_t(0));
-      load_tile<G>(cprev + G, c, 0, m - 1, n);
-    } else {
-      load_tile<G>(cprev, c, t - 1, m, n);
-    }
-    load_tile<G>(dy, operand(kIn), t, m, n);
-    if (prod) {
-      for (int64_t s = 0; s < m; ++s)
-        for (int64_t g = 0; g < G; ++g) {
-          prod[g] *= cprev[s * G + g];
-          h[g] = cprev[s * G + g] * h[g] + dy[s * G + g];
-        }
-      return;
-    }
-    const bool last = t + m == p.len;
-    load_tile<G>(ynext, operand(kOut), t + 1, last ? m - 1 : m, n);
-    if (last) initial(ynext + (m - 1) * G);
-    for (int64_t s = 0; s < m; ++s)
-      for (int64_t g = 0; g < G; ++g) {
-        h[g] = cprev[s * G + g] * h[g] + dy[s * G + g];
-        dy[s * G + g] = h[g];
-        ynext[s * G + g] *= h[g];
-      }
-    store_tile<G>(operand(kGradIn), dy, t, m, n);
-    store_tile<G>(operand(kGradCoeff), ynext, t, m, n);
-    if (last) {  // d_initial = c_{L-1} g_{L-1}
-      const Operand<scalar_t> dh0 = operand(kGradInit);
-      const scalar_t* c_last = c.ptr + (p.len - 1) * c.ls;
-      for (int64_t g = 0; g < n; ++g)
-        dh0.ptr[g * dh0.cs] = static_cast<scalar_t>(static_cast<acc_t>(c_last[g * c.cs]) * h[g]);
-    }
-  }
-};
-
-template <typename scalar_t, int64_t G>
-void scan_groups(const ScanParams& p) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const int64_t inner = p.nbatch > 0 ? p.bsize[0] : 1;
-  const int64_t groups_per_row = (inner + G - 1) / G;
-  const int64_t groups = p.num_seq / inner * groups_per_row;
-  const int64_t L = p.len;
-  auto group = [&](int64_t i) {
-    const int64_t outer = i / groups_per_row, inner0 = (i % groups_per_row) * G;
-    return Group<scalar_t, G>{p, outer * inner + inner0, std::min(G, inner - inner0)};
-  };
+// ---------------------------------------------------------------------------------------------
+// The chained split, over `items` independent work items of `width` states each:
+//   run(item, t0, t1, h, prod) advances the item's states h over steps [t0, t1) (with prod: only
+//   summarises, see above); init(item, h) sets its initial states; end(item, h) gets the final
+//   states of the item's last chunk.
+template <typename Run, typename Init, typename End>
+void chained(int64_t items, int64_t width, int64_t L, const Run& run, const Init& init, const End& end) {
   const int64_t threads = at::get_num_threads();
-  const int64_t chunks =
-      groups >= threads ? 1 : std::max<int64_t>(1, std::min((threads + groups - 1) / groups + 1, L / kMinChunk));
-  auto bound = [&](int64_t k) { return k * L / chunks; };
-  // The initial state of chunk k of group i: state[(i * chunks + k) * G + g].
-  std::vector<acc_t> state(groups * chunks * G, acc_t(0));
-  if (!p.backward)
-    for (int64_t i = 0; i < groups; ++i) group(i).initial(&state[i * chunks * G]);
-  if (chunks > 1) {
-    std::vector<acc_t> last(groups * chunks * G, acc_t(0)), prod(groups * chunks * G, acc_t(1));
-    at::parallel_for(0, groups * (chunks - 1), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t j = begin; j < end; ++j) {
-        const int64_t i = j / (chunks - 1), k = j % (chunks - 1), off = (i * chunks + k) * G;
-        if (k == 0) {  // the first chunk starts from the true initial state: scanned for good here
-          std::copy(&state[off], &state[off] + G, &last[off]);
-          std::fill(&prod[off], &prod[off] + G, acc_t(0));
-          group(i).run(bound(0), bound(1), &last[off], nullptr);
-        } else {
-          group(i).run(bound(k), bound(k + 1), &last[off], &prod[off]);
-        }
+  const int64_t chunks = items >= threads || threads == 1
+                             ? 1
+                             : std::max<int64_t>(1, std::min((threads + items - 1) / items + 1, L * width / kMinChunk));
+  if (chunks == 1) {
+    const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, L * width));
+    at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end_) {
+      std::vector<float> h(width);
+      for (int64_t i = begin; i < end_; ++i) {
+        init(i, h.data());
+        run(i, 0, L, h.data(), nullptr);
+        end(i, h.data());
       }
     });
-    for (int64_t i = 0; i < groups; ++i)
-      for (int64_t k = 1; k < chunks; ++k)
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t off = (i * chunks + k) * G + g;
-          state[off] = prod[off - G] * state[off - G] + last[off - G];
-        }
+    return;
   }
-  const int64_t grain = chunks > 1 ? 1 : std::max<int64_t>(1, 32768 / std::max<int64_t>(1, L * G));
-  at::parallel_for(0, groups * chunks, grain, [&](int64_t begin, int64_t end) {
-    if (G == kWideGroup && chunks == 1) {  // (B, L, D): neighbouring groups in step, one run per row
-      constexpr int64_t T = Group<scalar_t, G>::T;
-      for (int64_t t = 0; t < L; t += T)
-        for (int64_t j = begin; j < end; ++j) group(j).run(t, std::min(L, t + T), &state[j * G], nullptr);
-      return;
+  auto bound = [&](int64_t k) { return k * L / chunks; };
+  // Chunk k of item i: its initial states at state[(i * chunks + k) * width].
+  std::vector<float> state(items * chunks * width, 0.f), last(items * chunks * width, 0.f),
+      prod(items * chunks * width, 1.f);
+  at::parallel_for(0, items * (chunks - 1), 1, [&](int64_t begin, int64_t end_) {
+    for (int64_t j = begin; j < end_; ++j) {
+      const int64_t i = j / (chunks - 1), k = j % (chunks - 1), off = (i * chunks + k) * width;
+      if (k == 0) {  // the first chunk starts from the true initial state: scanned for good here
+        init(i, &last[off]);
+        std::fill(&prod[off], &prod[off] + width, 0.f);
+        run(i, bound(0), bound(1), &last[off], nullptr);
+      } else {
+        run(i, bound(k), bound(k + 1), &last[off], &prod[off]);
+      }
     }
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t i = j / chunks, k = j % chunks;
-      if (chunks > 1 && k == 0) continue;
-      group(i).run(bound(k), bound(k + 1), &state[j * G], nullptr);
+  });
+  for (int64_t i = 0; i < items; ++i)
+    for (int64_t k = 1; k < chunks; ++k)
+      for (int64_t g = 0; g < width; ++g) {
+        const int64_t off = (i * chunks + k) * width + g;
+        state[off] = prod[off - width] * state[off - width] + last[off - width];
+      }
+  at::parallel_for(0, items * (chunks - 1), 1, [&](int64_t begin, int64_t end_) {
+    for (int64_t j = begin; j < end_; ++j) {
+      const int64_t i = j / (chunks - 1), k = j % (chunks - 1) + 1;
+      float* h = &state[(i * chunks + k) * width];
+      run(i, bound(k), bound(k + 1), h, nullptr);
+      if (k == chunks - 1) end(i, h);
     }
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Strided path: a group of up to kGroup sequences starting at flat sequence seq0.
+template <typename scalar_t>
+void scan_group(const ScanParams& p, int64_t seq0, int64_t n) {
+  using acc_t = at::opmath_type<scalar_t>;
+  auto ptr = [&](int slot) { return static_cast<scalar_t*>(p.ptr[slot]) + seq_offset(p, slot, seq0); };
+  auto cs = [&](int slot) -> int64_t { return p.nbatch > 0 ? p.bstride[slot][0] : 0; };
+  const int64_t L = p.len;
+  const scalar_t* c = ptr(kCoeff);
+  const scalar_t* h0 = p.ptr[kInit] ? ptr(kInit) : nullptr;
+  const int64_t ls_c = p.lstride[kCoeff], cs_c = cs(kCoeff), cs_h0 = cs(kInit);
+  acc_t h[kGroup];
+  if (!p.backward) {
+    const scalar_t* x = ptr(kIn);
+    scalar_t* y = ptr(kOut);
+    const int64_t ls_x = p.lstride[kIn], ls_y = p.lstride[kOut], cs_x = cs(kIn), cs_y = cs(kOut);
+    for (int64_t g = 0; g < n; ++g) h[g] = h0 ? static_cast<acc_t>(h0[g * cs_h0]) : acc_t(0);
+    for (int64_t t = 0; t < L; ++t)
+      for (int64_t g = 0; g < n; ++g) {
+        h[g] = static_cast<acc_t>(c[t * ls_c + g * cs_c]) * h[g] + static_cast<acc_t>(x[t * ls_x + g * cs_x]);
+        y[t * ls_y + g * cs_y] = static_cast<scalar_t>(h[g]);
+      }
+    return;
+  }
+  // Backward, walking u = 0..L-1 in the direction opposite to the forward scan:
+  //   g_u = c_{u-1} g_{u-1} + dy_u,  dx_u = g_u,  dc_u = g_u y_{u+1}  (y_L = initial),
+  //   d_initial = c_{L-1} g_{L-1}.
+  const scalar_t* dy = ptr(kIn);
+  const scalar_t* y = ptr(kOut);
+  scalar_t* dx = ptr(kGradIn);
+  scalar_t* dc = ptr(kGradCoeff);
+  scalar_t* dh0 = ptr(kGradInit);
+  const int64_t ls_dy = p.lstride[kIn], ls_y = p.lstride[kOut], ls_dx = p.lstride[kGradIn],
+                ls_dc = p.lstride[kGradCoeff];
+  const int64_t cs_dy = cs(kIn), cs_y = cs(kOut), cs_dx = cs(kGradIn), cs_dc = cs(kGradCoeff), cs_dh0 = cs(kGradInit);
+  for (int64_t g = 0; g < n; ++g) h[g] = acc_t(0);
+  for (int64_t u = 0; u < L; ++u)
+    for (int64_t g = 0; g < n; ++g) {
+      const acc_t cprev = u > 0 ? static_cast<acc_t>(c[(u - 1) * ls_c + g * cs_c]) : acc_t(0);
+      h[g] = cprev * h[g] + static_cast<acc_t>(dy[u * ls_dy + g * cs_dy]);
+      const acc_t ynext = u + 1 < L ? static_cast<acc_t>(y[(u + 1) * ls_y + g * cs_y])
+                                    : (h0 ? static_cast<acc_t>(h0[g * cs_h0]) : acc_t(0));
+      dx[u * ls_dx + g * cs_dx] = static_cast<scalar_t>(h[g]);
+      dc[u * ls_dc + g * cs_dc] = static_cast<scalar_t>(h[g] * ynext);
+    }
+  for (int64_t g = 0; g < n; ++g)
+    dh0[g * cs_dh0] = static_cast<scalar_t>(static_cast<acc_t>(c[(L - 1) * ls_c + g * cs_c]) * h[g]);
+}
+
+template <typename scalar_t>
+void scan_strided(const ScanParams& p) {
+  const int64_t inner = p.nbatch > 0 ? p.bsize[0] : 1;
+  const int64_t groups_per_row = (inner + kGroup - 1) / kGroup;
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, p.len * kGroup));
+  at::parallel_for(0, p.num_seq / inner * groups_per_row, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t inner0 = (i % groups_per_row) * kGroup;
+      scan_group<scalar_t>(p, i / groups_per_row * inner + inner0, std::min(kGroup, inner - inner0));
+    }
+  });
+}
+
+// The slots a forward or backward call reads or writes along L.
+bool uses_slot(const ScanParams& p, int slot) {
+  if (is_batch_slot(slot) || !p.ptr[slot]) return false;
+  return p.backward || slot == kIn || slot == kCoeff || slot == kOut;
+}
+
+#ifdef LINREC_HAVE_AVX2
+// ---------------------------------------------------------------------------------------------
+// Walk path: every used slot has step stride S (+1 or -1).
+template <typename T, int S>
+void scan_walk(const ScanParams& p) {
+  const int64_t L = p.len;
+  // Items in the walk's direction: a downward walk takes the sequences last to first, so that
+  // consecutive (N, L) rows make one descending stream.
+  auto at = [&](int slot, int64_t i) {
+    return static_cast<T*>(p.ptr[slot]) + seq_offset(p, slot, S > 0 ? i : p.num_seq - 1 - i);
+  };
+  auto init_value = [&](int64_t i) { return p.ptr[kInit] ? static_cast<float>(*at(kInit, i)) : 0.f; };
+  if (!p.backward) {
+    chained(
+        p.num_seq, 1, L,
+        [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
+          avx2::walk_forward<S>(at(kCoeff, i), at(kIn, i), at(kOut, i), t0, t1, h, prod);
+        },
+        [&](int64_t i, float* h) { *h = init_value(i); }, [](int64_t, float*) {});
+    return;
+  }
+  chained(
+      p.num_seq, 1, L,
+      [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
+        avx2::walk_backward<S>(at(kCoeff, i), at(kIn, i), at(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
+                               init_value(i), L, t0, t1, h, prod);
+      },
+      [](int64_t, float* h) { *h = 0.f; },
+      [&](int64_t i, float* h) {  // d_initial = c_{L-1} g_{L-1}
+        *at(kGradInit, i) = static_cast<T>(static_cast<float>(at(kCoeff, i)[(L - 1) * S]) * *h);
+      });
+}
+
+// Rows path: channels (the innermost batch dim) contiguous in every used slot.
+template <typename T>
+void scan_rows(const ScanParams& p) {
+  const int64_t L = p.len, D = p.bsize[0], outer = p.num_seq / D;
+  const int64_t threads = at::get_num_threads();
+  int64_t blocks = std::max((D + avx2::kMaxRowBlock - 1) / avx2::kMaxRowBlock,
+                            std::min((threads + outer - 1) / outer, (D + 63) / 64));
+  const int64_t W = ((D + blocks - 1) / blocks + 7) / 8 * 8;
+  blocks = (D + W - 1) / W;
+  auto seq0 = [&](int64_t j) { return j / blocks * D + j % blocks * W; };
+  auto width = [&](int64_t j) { return std::min(W, D - j % blocks * W); };
+  auto at = [&](int slot, int64_t j) { return static_cast<T*>(p.ptr[slot]) + seq_offset(p, slot, seq0(j)); };
+  auto gather_init = [&](int64_t j, float* h) {  // the initial state of each channel, zero without one
+    const int64_t n = width(j), cs = p.bstride[kInit][0];
+    const T* h0 = p.ptr[kInit] ? at(kInit, j) : nullptr;
+    for (int64_t d = 0; d < n; ++d) h[d] = h0 ? static_cast<float>(h0[d * cs]) : 0.f;
+  };
+  auto zero = [&](int64_t, float* h) { std::fill(h, h + W, 0.f); };
+  const int64_t* ls = p.lstride;
+  if (!p.backward) {
+    chained(
+        outer * blocks, W, L,
+        [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
+          avx2::rows_forward(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], width(j), t0,
+                             t1, h, prod);
+        },
+        gather_init, [](int64_t, float*) {});
+    return;
+  }
+  chained(
+      outer * blocks, W, L,
+      [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
+        float init[avx2::kMaxRowBlock];
+        if (p.ptr[kInit] && t1 == L) gather_init(j, init);
+        avx2::rows_backward(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], at(kGradIn, j),
+                            ls[kGradIn], at(kGradCoeff, j), ls[kGradCoeff], p.ptr[kInit] ? init : nullptr, L,
+                            width(j), t0, t1, h, prod);
+      },
+      zero,
+      [&](int64_t j, float* h) {  // d_initial = c_{L-1} g_{L-1}
+        const T* c_last = at(kCoeff, j) + (L - 1) * ls[kCoeff];
+        T* dh0 = at(kGradInit, j);
+        const int64_t cs = p.bstride[kGradInit][0];
+        for (int64_t d = 0; d < width(j); ++d) dh0[d * cs] = static_cast<T>(static_cast<float>(c_last[d]) * h[d]);
+      });
+}
+
+// The walk direction shared by every used slot: +1, -1, or 0 when they differ or are not unit.
+int walk_direction(const ScanParams& p) {
+  int dir = 0;
+  for (int slot = 0; slot < kNumSlots; ++slot) {
+    if (!uses_slot(p, slot)) continue;
+    const int64_t s = p.lstride[slot];
+    if ((s != 1 && s != -1) || (dir != 0 && s != dir)) return 0;
+    dir = static_cast<int>(s);
+  }
+  return p.len > 1 ? dir : 0;
+}
+
 bool channels_contiguous(const ScanParams& p) {
   if (p.nbatch == 0) return false;
-  for (int slot = 0; slot < kNumSlots; ++slot) {
-    if (!p.ptr[slot]) continue;
-    if (slot == kInit || slot == kGradInit) continue;  // read once per sequence
-    if (p.bstride[slot][0] != 1) return false;
-  }
+  for (int slot = 0; slot < kNumSlots; ++slot)
+    if (uses_slot(p, slot) && p.bstride[slot][0] != 1) return false;
   return true;
 }
+#endif
 
 // The CPU kernel's one config.
 constexpr const char* kCpuConfig = "cpu.g16";
@@ -245,17 +271,19 @@ void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&, co
     TORCH_CHECK_VALUE(prefer || name == kCpuConfig || name == kNativeDefault, "linrec.scan: unknown config '", name,
                       "' for the CPU kernel; valid: ", kNativeDefault, ", ", kCpuConfig);
   }
-  // Channel-contiguous groups (the (B, L, D) layout) are wider: each tile row is one longer run.
-  // Fewer than 16 neighbours (a few long rows) run one sequence per group, not idle lanes.
-  const bool contig = channels_contiguous(p);
-  const bool narrow = !contig && (p.nbatch == 0 || p.bsize[0] < 16);
+  if (p.num_seq == 0 || p.len == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "linrec_scan_cpu", [&] {
-    if (contig)
-      scan_groups<scalar_t, kWideGroup>(p);
-    else if (narrow)
-      scan_groups<scalar_t, 1>(p);
-    else
-      scan_groups<scalar_t, 16>(p);
+#ifdef LINREC_HAVE_AVX2
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      if (avx2::supported()) {
+        const int dir = walk_direction(p);
+        if (dir == 1) return scan_walk<scalar_t, 1>(p);
+        if (dir == -1) return scan_walk<scalar_t, -1>(p);
+        if (channels_contiguous(p)) return scan_rows<scalar_t>(p);
+      }
+    }
+#endif
+    scan_strided<scalar_t>(p);
   });
 }
 
