@@ -209,11 +209,13 @@ template <typename T>
 LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, T* y, int64_t lsy, int64_t n,
                               int64_t t0, int64_t t1, float* h, float* prod) {
   const int64_t nv = n / 8 * 8;
+  const bool down = lsc < 0;  // rows at descending addresses: channels last to first too
   for (int64_t t = t0; t < t1; ++t) {
     const T* ct = c + t * lsc;
     const T* xt = x + t * lsx;
     T* yt = y + t * lsy;
-    for (int64_t d = 0; d < nv; d += 8) {
+    for (int64_t k = 0; k < nv; k += 8) {
+      const int64_t d = down ? nv - 8 - k : k;
       const __m256 cv = load8(ct + d);
       const __m256 hv = _mm256_fmadd_ps(cv, _mm256_loadu_ps(h + d), load8(xt + d));
       _mm256_storeu_ps(h + d, hv);
@@ -239,13 +241,15 @@ LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsd
                                int64_t lsdx, T* dc, int64_t lsdc, const float* init, int64_t L, int64_t n,
                                int64_t t0, int64_t t1, float* h, float* prod) {
   const int64_t nv = n / 8 * 8;
+  const bool down = lsdy < 0;  // rows at descending addresses: channels last to first too
   for (int64_t t = t0; t < t1; ++t) {
     const T* cp = t > 0 ? c + (t - 1) * lsc : nullptr;  // c_{-1} = 0
     const T* gt = dy + t * lsdy;
     const T* yn = t + 1 < L ? y + (t + 1) * lsy : nullptr;
     T* dxt = dx + t * lsdx;
     T* dct = dc + t * lsdc;
-    for (int64_t d = 0; d < nv; d += 8) {
+    for (int64_t k = 0; k < nv; k += 8) {
+      const int64_t d = down ? nv - 8 - k : k;
       const __m256 cv = cp ? load8(cp + d) : _mm256_setzero_ps();
       const __m256 g = _mm256_fmadd_ps(cv, _mm256_loadu_ps(h + d), load8(gt + d));
       _mm256_storeu_ps(h + d, g);

@@ -35,7 +35,7 @@ namespace linrec {
 namespace {
 
 constexpr int64_t kGroup = 16;           // sequences per group of the strided path
-constexpr int64_t kMinChunk = 1 << 17;   // fewest elements (steps x state width) of one chunk of a split
+constexpr int64_t kMinChunk = 1 << 14;   // fewest elements (steps x state width) of one chunk of a split
 constexpr int64_t kGrainElems = 1 << 15; // fewest elements per parallel_for task
 
 // ---------------------------------------------------------------------------------------------
