@@ -23,6 +23,7 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #define LINREC_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -49,13 +50,28 @@ LINREC_AVX2 inline __m256 load8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 LINREC_AVX2 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-LINREC_AVX2 inline void store8(c10::BFloat16* p, __m256 v) {
+// The bfloat16 bits of each lane (in its low 16 bits).
+LINREC_AVX2 inline __m256i bf16_bits(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc0)),
+                                              _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+LINREC_AVX2 inline void store8(c10::BFloat16* p, __m256 v) {
+  const __m256i r = bf16_bits(v);
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+// 16 bfloat16 values as two float vectors in the order of in-lane unpacking: a holds elements
+// 0-3 and 8-11, b holds 4-7 and 12-15 (so packing a and b back needs no cross-lane shuffle).
+LINREC_AVX2 inline void load16(const c10::BFloat16* p, __m256& a, __m256& b) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), zero = _mm256_setzero_si256();
+  a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w));
+  b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w));
+}
+LINREC_AVX2 inline void store16(c10::BFloat16* p, __m256 a, __m256 b) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_packus_epi32(bf16_bits(a), bf16_bits(b)));
 }
 LINREC_AVX2 inline void store8(c10::Half* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
@@ -119,6 +135,44 @@ struct Walk {
     if (prod) *prod = _mm256_mul_ps(*prod, last(c));
     return y;
   }
+
+  // 16 steps in load16's order: each 128-bit half of (a, b) is one column of 8 consecutive
+  // steps (4 in a, 4 in b; walking down, b's 4 come first), the columns in memory order (walking
+  // down, the high one first). a and b become each step's state; h and prod advance past all 16.
+  LINREC_AVX2 static void step16(__m256 ca, __m256& xa, __m256 cb, __m256& xb, __m256& h, __m256* prod) {
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    x_scan4(ca, xa);
+    x_scan4(cb, xb);
+    __m256& c1 = S > 0 ? ca : cb;  // the earlier 4 steps of each column
+    __m256& x1 = S > 0 ? xa : xb;
+    __m256& c2 = S > 0 ? cb : ca;
+    __m256& x2 = S > 0 ? xb : xa;
+    constexpr int kLastInHalf = S > 0 ? 0xff : 0x00;
+    x2 = _mm256_fmadd_ps(c2, _mm256_permute_ps(x1, kLastInHalf), x2);
+    c2 = _mm256_mul_ps(c2, _mm256_permute_ps(c1, kLastInHalf));
+    const __m256 tx = first_half_last(x2, zero), tc = first_half_last(c2, one);
+    x1 = _mm256_fmadd_ps(c1, tx, x1);
+    c1 = _mm256_mul_ps(c1, tc);
+    x2 = _mm256_fmadd_ps(c2, tx, x2);
+    c2 = _mm256_mul_ps(c2, tc);
+    const __m256 cl = last(c2), xl = last(x2);
+    xa = _mm256_fmadd_ps(ca, h, xa);
+    xb = _mm256_fmadd_ps(cb, h, xb);
+    h = _mm256_fmadd_ps(cl, h, xl);
+    if (prod) *prod = _mm256_mul_ps(*prod, cl);
+  }
+
+  // The two in-half levels of scan8: a local scan of each 4 steps.
+  LINREC_AVX2 static void x_scan4(__m256& c, __m256& x) {
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    x = _mm256_fmadd_ps(c, shift_in_half<1>(x, zero), x);
+    c = _mm256_mul_ps(c, shift_in_half<1>(c, one));
+    x = _mm256_fmadd_ps(c, shift_in_half<2>(x, zero), x);
+    c = _mm256_mul_ps(c, shift_in_half<2>(c, one));
+  }
+
+  // Offset of the 16 steps u .. u+15.
+  static int64_t at16(int64_t u) { return S > 0 ? u : -u - 15; }
 };
 
 // Forward over steps [t0, t1) of one sequence: c, x, y point at its step 0.
@@ -128,6 +182,15 @@ LINREC_AVX2 void walk_forward(const T* c, const T* x, T* y, int64_t t0, int64_t 
   __m256 h = _mm256_set1_ps(*h_io), prod = _mm256_set1_ps(prod_io ? *prod_io : 1.f);
   __m256* pp = prod_io ? &prod : nullptr;
   int64_t u = t0;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    for (; u + 16 <= t1; u += 16) {
+      __m256 ca, cb, xa, xb;
+      load16(c + W::at16(u), ca, cb);
+      load16(x + W::at16(u), xa, xb);
+      W::step16(ca, xa, cb, xb, h, pp);
+      if (!prod_io) store16(y + W::at16(u), xa, xb);
+    }
+  }
   for (; u + 8 <= t1; u += 8) {
     const __m256 v = W::step(load8(c + W::at(u)), load8(x + W::at(u)), h, pp);
     if (!prod_io) store8(y + W::at(u), v);
@@ -187,6 +250,19 @@ LINREC_AVX2 void walk_backward(const T* c, const T* dy, const T* y, T* dx, T* dc
     u += m;
   }
   const int64_t body_end = t1 < L - 1 ? t1 : L - 1;  // full vectors read y up to step u + 8 < L
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    for (; u + 16 <= body_end; u += 16) {
+      __m256 ca, cb, ga, gb;
+      load16(c + W::at16(u - 1), ca, cb);
+      load16(dy + W::at16(u), ga, gb);
+      W::step16(ca, ga, cb, gb, h, pp);
+      if (prod_io) continue;
+      store16(dx + W::at16(u), ga, gb);
+      __m256 ya, yb;
+      load16(y + W::at16(u + 1), ya, yb);
+      store16(dc + W::at16(u), _mm256_mul_ps(ga, ya), _mm256_mul_ps(gb, yb));
+    }
+  }
   for (; u + 8 <= body_end; u += 8) {
     const __m256 g = W::step(load8(c + W::at(u - 1)), load8(dy + W::at(u)), h, pp);
     if (prod_io) continue;
