@@ -37,7 +37,7 @@ inline bool supported() {
   return ok;
 }
 
-constexpr int64_t kMaxRowBlock = 1024;  // channels of one rows-kernel block (4 KiB of states)
+constexpr int64_t kMaxRowBlock = 4096;  // channels of one rows-kernel block (16 KiB of states)
 
 // 8 values to and from float lanes: float, bfloat16 (round to nearest even, NaN kept, as
 // c10::BFloat16) and half (F16C).

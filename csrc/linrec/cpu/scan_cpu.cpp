@@ -198,9 +198,14 @@ void scan_walk(const ScanParams& p) {
 template <typename T>
 void scan_rows(const ScanParams& p) {
   const int64_t L = p.len, D = p.bsize[0], outer = p.num_seq / D;
+  // Blocks of at most kMaxRowBlock channels; more for the threads only while every block still
+  // covers a page per row: a partial run of each page is 2-3x slower to stream (the prefetchers
+  // do not follow it from row to row), so with fewer items than threads each block is split
+  // along L instead (chained).
   const int64_t threads = at::get_num_threads();
+  const int64_t page_blocks = std::max<int64_t>(1, D * static_cast<int64_t>(sizeof(T)) / 4096);
   int64_t blocks = std::max((D + avx2::kMaxRowBlock - 1) / avx2::kMaxRowBlock,
-                            std::min((threads + outer - 1) / outer, (D + 63) / 64));
+                            std::min((threads + outer - 1) / outer, page_blocks));
   const int64_t W = ((D + blocks - 1) / blocks + 7) / 8 * 8;
   blocks = (D + W - 1) / W;
   auto seq0 = [&](int64_t j) { return j / blocks * D + j % blocks * W; };
