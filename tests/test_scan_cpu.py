@@ -1,5 +1,7 @@
-"""The CPU kernel's blocking paths against float64 references: tiles of (N, L) rows, wide (B, L, D)
-groups, power-of-two lengths, and long sequences split along L across threads (chained scan)."""
+"""The CPU kernel's paths against float64 references: the walk kernel ((N, L) rows contiguous along
+L, 8 or 16 steps per vector, partial vectors at both ends), the rows kernel ((B, L, D) with
+contiguous channels, remainder channels), the strided fallback, power-of-two lengths, and long
+sequences split along L across threads (chained scan)."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +14,7 @@ scan_op = torch.ops.linrec.scan
 scan_backward_op = torch.ops.linrec.scan_backward
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-# The split along L needs chunks of at least 16384 steps (csrc/linrec/cpu/scan_cpu.cpp: kMinChunk).
+# The split along L needs chunks of at least 16384 elements (csrc/linrec/cpu/scan_cpu.cpp: kMinChunk).
 LONG = 4 * 16384 + 37
 
 
@@ -70,13 +72,31 @@ def test_long_split_without_initial(four_threads):
 @pytest.mark.parametrize("shape,dim", [((37, 2048), -1), ((16, 1024), -1), ((2, 512, 64), 1), ((2, 257, 130), 1),
                                        ((5, 129), -1), ((3, 1), -1)],
                          ids=["pow2-NL", "pow2-NL-16", "pow2-BLD", "odd-BLD", "odd-NL", "L1"])
-def test_tiles(shape, dim, reverse, dtype):
+def test_layouts(shape, dim, reverse, dtype):
     x, c, gy, h0 = _inputs(shape, dim, dtype, with_initial=True)
     _check(x, c, gy, h0, dim, reverse, dtype)
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
 @pytest.mark.parametrize("reverse", [False, True])
-def test_tiles_of_transposed_rows(reverse):
-    """(N, L) scanned along L with the sequences contiguous (steps N apart): step-major tiles."""
+@pytest.mark.parametrize("length", [2, 7, 8, 9, 15, 16, 17, 24, 31, 33, 47])
+def test_walk_vector_boundaries(length, reverse, dtype):
+    """Lengths around the walk kernel's 8- and 16-step vectors: body, partial first and last vectors."""
+    x, c, gy, h0 = _inputs((3, length), -1, dtype, with_initial=True, seed=length)
+    _check(x, c, gy, h0, -1, reverse, dtype)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_broadcast_coeffs(reverse):
+    """Coeffs broadcast along L (the strided path) and along the batch of a (B, L, D) input (rows)."""
+    x, c, gy, h0 = _inputs((4, 300), -1, torch.float32, with_initial=True)
+    _check(x, c[:, :1].expand(4, 300), gy, h0, -1, reverse, torch.float32)
+    x, c, gy, h0 = _inputs((3, 70, 20), 1, torch.float32, with_initial=True)
+    _check(x, c[:1].expand(3, 70, 20), gy, h0, 1, reverse, torch.float32)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_transposed_rows(reverse):
+    """(N, L) scanned along L with the sequences contiguous (steps N apart): the rows kernel."""
     x, c, gy, h0 = _inputs((300, 21), 0, torch.float32, with_initial=True)
     _check(x.t(), c.t(), gy.t(), h0, -1, reverse, torch.float32)

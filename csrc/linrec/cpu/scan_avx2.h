@@ -175,9 +175,29 @@ struct Walk {
   static int64_t at16(int64_t u) { return S > 0 ? u : -u - 15; }
 };
 
-// Forward over steps [t0, t1) of one sequence: c, x, y point at its step 0.
+// A read operand of the walk, at its step 0: contiguous along L in the walk's direction, or
+// constant along L (stride 0, a broadcast input).
 template <int S, typename T>
-LINREC_AVX2 void walk_forward(const T* c, const T* x, T* y, int64_t t0, int64_t t1, float* h_io, float* prod_io) {
+struct WalkIn {
+  const T* p;
+  bool constant;
+
+  float value(int64_t t) const { return static_cast<float>(p[constant ? 0 : t * S]); }
+  LINREC_AVX2 __m256 vec8(int64_t u) const {
+    return constant ? _mm256_set1_ps(static_cast<float>(*p)) : load8(p + Walk<S>::at(u));
+  }
+  LINREC_AVX2 void vec16(int64_t u, __m256& a, __m256& b) const {
+    if (constant)
+      a = b = _mm256_set1_ps(static_cast<float>(*p));
+    else
+      load16(p + Walk<S>::at16(u), a, b);
+  }
+};
+
+// Forward over steps [t0, t1) of one sequence: y points at its step 0.
+template <int S, typename T>
+LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, int64_t t1, float* h_io,
+                              float* prod_io) {
   using W = Walk<S>;
   __m256 h = _mm256_set1_ps(*h_io), prod = _mm256_set1_ps(prod_io ? *prod_io : 1.f);
   __m256* pp = prod_io ? &prod : nullptr;
@@ -185,14 +205,14 @@ LINREC_AVX2 void walk_forward(const T* c, const T* x, T* y, int64_t t0, int64_t 
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     for (; u + 16 <= t1; u += 16) {
       __m256 ca, cb, xa, xb;
-      load16(c + W::at16(u), ca, cb);
-      load16(x + W::at16(u), xa, xb);
+      c.vec16(u, ca, cb);
+      x.vec16(u, xa, xb);
       W::step16(ca, xa, cb, xb, h, pp);
       if (!prod_io) store16(y + W::at16(u), xa, xb);
     }
   }
   for (; u + 8 <= t1; u += 8) {
-    const __m256 v = W::step(load8(c + W::at(u)), load8(x + W::at(u)), h, pp);
+    const __m256 v = W::step(c.vec8(u), x.vec8(u), h, pp);
     if (!prod_io) store8(y + W::at(u), v);
   }
   if (u < t1) {  // the last m < 8 steps through buffers; idle steps are identities (c = 1, x = 0)
@@ -200,8 +220,8 @@ LINREC_AVX2 void walk_forward(const T* c, const T* x, T* y, int64_t t0, int64_t 
     alignas(32) float cb[8], xb[8], yb[8];
     for (int i = 0; i < 8; ++i) cb[i] = 1.f, xb[i] = 0.f;
     for (int i = 0; i < m; ++i) {
-      cb[W::lane(i)] = static_cast<float>(c[(u + i) * S]);
-      xb[W::lane(i)] = static_cast<float>(x[(u + i) * S]);
+      cb[W::lane(i)] = c.value(u + i);
+      xb[W::lane(i)] = x.value(u + i);
     }
     _mm256_store_ps(yb, W::step(_mm256_load_ps(cb), _mm256_load_ps(xb), h, pp));
     if (!prod_io)
@@ -211,21 +231,19 @@ LINREC_AVX2 void walk_forward(const T* c, const T* x, T* y, int64_t t0, int64_t 
   if (prod_io) *prod_io = _mm256_cvtss_f32(prod);
 }
 
-// Backward over steps [t0, t1) of one sequence of length L (walk order: the reverse of the
-// forward scan): dy, c, y, dx, dc point at step 0; y_L = init.
 // Up to 8 backward steps from u through buffers (the first step, whose c_{-1} = 0, and the last,
 // whose y_L = init, go this way); idle steps are identities.
 template <int S, typename T>
-LINREC_AVX2 void walk_backward_partial(const T* c, const T* dy, const T* y, T* dx, T* dc, float init, int64_t L,
-                                       int64_t u, int m, __m256& h, __m256* prod) {
+LINREC_AVX2 void walk_backward_partial(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, T* dx, T* dc, float init,
+                                       int64_t L, int64_t u, int m, __m256& h, __m256* prod) {
   using W = Walk<S>;
   alignas(32) float cb[8], gb[8], yb[8];
   for (int i = 0; i < 8; ++i) cb[i] = 1.f, gb[i] = 0.f, yb[i] = 0.f;
   for (int i = 0; i < m; ++i) {
     const int64_t t = u + i;
-    cb[W::lane(i)] = t > 0 ? static_cast<float>(c[(t - 1) * S]) : 0.f;
-    gb[W::lane(i)] = static_cast<float>(dy[t * S]);
-    if (!prod) yb[W::lane(i)] = t + 1 < L ? static_cast<float>(y[(t + 1) * S]) : init;
+    cb[W::lane(i)] = t > 0 ? c.value(t - 1) : 0.f;
+    gb[W::lane(i)] = dy.value(t);
+    if (!prod) yb[W::lane(i)] = t + 1 < L ? y.value(t + 1) : init;
   }
   const __m256 g = W::step(_mm256_load_ps(cb), _mm256_load_ps(gb), h, prod);
   if (prod) return;
@@ -237,9 +255,11 @@ LINREC_AVX2 void walk_backward_partial(const T* c, const T* dy, const T* y, T* d
   }
 }
 
+// Backward over steps [t0, t1) of one sequence of length L (walk order: the reverse of the
+// forward scan): dx, dc point at its step 0; y_L = init.
 template <int S, typename T>
-LINREC_AVX2 void walk_backward(const T* c, const T* dy, const T* y, T* dx, T* dc, float init, int64_t L, int64_t t0,
-                               int64_t t1, float* h_io, float* prod_io) {
+LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, T* dx, T* dc, float init, int64_t L,
+                               int64_t t0, int64_t t1, float* h_io, float* prod_io) {
   using W = Walk<S>;
   __m256 h = _mm256_set1_ps(*h_io), prod = _mm256_set1_ps(prod_io ? *prod_io : 1.f);
   __m256* pp = prod_io ? &prod : nullptr;
@@ -253,21 +273,21 @@ LINREC_AVX2 void walk_backward(const T* c, const T* dy, const T* y, T* dx, T* dc
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     for (; u + 16 <= body_end; u += 16) {
       __m256 ca, cb, ga, gb;
-      load16(c + W::at16(u - 1), ca, cb);
-      load16(dy + W::at16(u), ga, gb);
+      c.vec16(u - 1, ca, cb);
+      dy.vec16(u, ga, gb);
       W::step16(ca, ga, cb, gb, h, pp);
       if (prod_io) continue;
       store16(dx + W::at16(u), ga, gb);
       __m256 ya, yb;
-      load16(y + W::at16(u + 1), ya, yb);
+      y.vec16(u + 1, ya, yb);
       store16(dc + W::at16(u), _mm256_mul_ps(ga, ya), _mm256_mul_ps(gb, yb));
     }
   }
   for (; u + 8 <= body_end; u += 8) {
-    const __m256 g = W::step(load8(c + W::at(u - 1)), load8(dy + W::at(u)), h, pp);
+    const __m256 g = W::step(c.vec8(u - 1), dy.vec8(u), h, pp);
     if (prod_io) continue;
     store8(dx + W::at(u), g);
-    store8(dc + W::at(u), _mm256_mul_ps(g, load8(y + W::at(u + 1))));
+    store8(dc + W::at(u), _mm256_mul_ps(g, y.vec8(u + 1)));
   }
   while (u < t1) {
     const int m = static_cast<int>(t1 - u < 8 ? t1 - u : 8);
@@ -280,6 +300,8 @@ LINREC_AVX2 void walk_backward(const T* c, const T* dy, const T* y, T* dx, T* dc
 
 // ---------------------------------------------------------------------------------------------
 // rows: (B, L, D), a block of n contiguous channels; ls* are the step strides (elements, signed).
+// Each step rounds c h and then + x, as the strided path does, so that the two agree to the bit
+// (a broadcast input takes the strided path; the same values materialised, this one).
 
 template <typename T>
 LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, T* y, int64_t lsy, int64_t n,
@@ -293,7 +315,7 @@ LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, 
     for (int64_t k = 0; k < nv; k += 8) {
       const int64_t d = down ? nv - 8 - k : k;
       const __m256 cv = load8(ct + d);
-      const __m256 hv = _mm256_fmadd_ps(cv, _mm256_loadu_ps(h + d), load8(xt + d));
+      const __m256 hv = _mm256_add_ps(_mm256_mul_ps(cv, _mm256_loadu_ps(h + d)), load8(xt + d));
       _mm256_storeu_ps(h + d, hv);
       if (prod)
         _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));
@@ -327,7 +349,7 @@ LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsd
     for (int64_t k = 0; k < nv; k += 8) {
       const int64_t d = down ? nv - 8 - k : k;
       const __m256 cv = cp ? load8(cp + d) : _mm256_setzero_ps();
-      const __m256 g = _mm256_fmadd_ps(cv, _mm256_loadu_ps(h + d), load8(gt + d));
+      const __m256 g = _mm256_add_ps(_mm256_mul_ps(cv, _mm256_loadu_ps(h + d)), load8(gt + d));
       _mm256_storeu_ps(h + d, g);
       if (prod) {
         _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));

@@ -163,7 +163,7 @@ bool uses_slot(const ScanParams& p, int slot) {
 
 #ifdef LINREC_HAVE_AVX2
 // ---------------------------------------------------------------------------------------------
-// Walk path: every used slot has step stride S (+1 or -1).
+// Walk path: every used slot has step stride S (+1 or -1), or 0 for an input constant along L.
 template <typename T, int S>
 void scan_walk(const ScanParams& p) {
   const int64_t L = p.len;
@@ -172,12 +172,13 @@ void scan_walk(const ScanParams& p) {
   auto at = [&](int slot, int64_t i) {
     return static_cast<T*>(p.ptr[slot]) + seq_offset(p, slot, S > 0 ? i : p.num_seq - 1 - i);
   };
+  auto in = [&](int slot, int64_t i) { return avx2::WalkIn<S, T>{at(slot, i), p.lstride[slot] == 0}; };
   auto init_value = [&](int64_t i) { return p.ptr[kInit] ? static_cast<float>(*at(kInit, i)) : 0.f; };
   if (!p.backward) {
     chained(
         p.num_seq, 1, L,
         [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
-          avx2::walk_forward<S>(at(kCoeff, i), at(kIn, i), at(kOut, i), t0, t1, h, prod);
+          avx2::walk_forward<S>(in(kCoeff, i), in(kIn, i), at(kOut, i), t0, t1, h, prod);
         },
         [&](int64_t i, float* h) { *h = init_value(i); }, [](int64_t, float*) {});
     return;
@@ -185,12 +186,12 @@ void scan_walk(const ScanParams& p) {
   chained(
       p.num_seq, 1, L,
       [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
-        avx2::walk_backward<S>(at(kCoeff, i), at(kIn, i), at(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
+        avx2::walk_backward<S>(in(kCoeff, i), in(kIn, i), in(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
                                init_value(i), L, t0, t1, h, prod);
       },
       [](int64_t, float* h) { *h = 0.f; },
       [&](int64_t i, float* h) {  // d_initial = c_{L-1} g_{L-1}
-        *at(kGradInit, i) = static_cast<T>(static_cast<float>(at(kCoeff, i)[(L - 1) * S]) * *h);
+        *at(kGradInit, i) = static_cast<T>(in(kCoeff, i).value(L - 1) * *h);
       });
 }
 
@@ -246,12 +247,15 @@ void scan_rows(const ScanParams& p) {
       });
 }
 
-// The walk direction shared by every used slot: +1, -1, or 0 when they differ or are not unit.
+// The walk direction shared by every used slot: +1 or -1, where every slot written has that step
+// stride and every slot read has it or 0; 0 otherwise.
 int walk_direction(const ScanParams& p) {
   int dir = 0;
   for (int slot = 0; slot < kNumSlots; ++slot) {
     if (!uses_slot(p, slot)) continue;
     const int64_t s = p.lstride[slot];
+    const bool read = slot == kIn || slot == kCoeff || (p.backward && slot == kOut);
+    if (s == 0 && read) continue;
     if ((s != 1 && s != -1) || (dir != 0 && s != dir)) return 0;
     dir = static_cast<int>(s);
   }
