@@ -300,8 +300,22 @@ LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, 
 
 // ---------------------------------------------------------------------------------------------
 // rows: (B, L, D), a block of n contiguous channels; ls* are the step strides (elements, signed).
-// Each step rounds c h and then + x, as the strided path does, so that the two agree to the bit
-// (a broadcast input takes the strided path; the same values materialised, this one).
+// Each step rounds c h and then adds x, as the strided path does (built for the baseline x86-64,
+// without FMA), so that the two agree to the bit: a broadcast input takes the strided path, the
+// same values materialised this one.
+
+// a * b rounded, never contracted with a following add into an FMA (the empty asm hides the
+// product from the optimiser).
+LINREC_AVX2 inline __m256 mul_rounded(__m256 a, __m256 b) {
+  __m256 m = _mm256_mul_ps(a, b);
+  asm("" : "+x"(m));
+  return m;
+}
+LINREC_AVX2 inline float mul_rounded(float a, float b) {
+  float m = a * b;
+  asm("" : "+x"(m));
+  return m;
+}
 
 template <typename T>
 LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, T* y, int64_t lsy, int64_t n,
@@ -315,7 +329,7 @@ LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, 
     for (int64_t k = 0; k < nv; k += 8) {
       const int64_t d = down ? nv - 8 - k : k;
       const __m256 cv = load8(ct + d);
-      const __m256 hv = _mm256_add_ps(_mm256_mul_ps(cv, _mm256_loadu_ps(h + d)), load8(xt + d));
+      const __m256 hv = _mm256_add_ps(mul_rounded(cv, _mm256_loadu_ps(h + d)), load8(xt + d));
       _mm256_storeu_ps(h + d, hv);
       if (prod)
         _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));
@@ -324,7 +338,7 @@ LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, 
     }
     for (int64_t d = nv; d < n; ++d) {
       const float cs = static_cast<float>(ct[d]);
-      h[d] = cs * h[d] + static_cast<float>(xt[d]);
+      h[d] = mul_rounded(cs, h[d]) + static_cast<float>(xt[d]);
       if (prod)
         prod[d] *= cs;
       else
@@ -349,7 +363,7 @@ LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsd
     for (int64_t k = 0; k < nv; k += 8) {
       const int64_t d = down ? nv - 8 - k : k;
       const __m256 cv = cp ? load8(cp + d) : _mm256_setzero_ps();
-      const __m256 g = _mm256_add_ps(_mm256_mul_ps(cv, _mm256_loadu_ps(h + d)), load8(gt + d));
+      const __m256 g = _mm256_add_ps(mul_rounded(cv, _mm256_loadu_ps(h + d)), load8(gt + d));
       _mm256_storeu_ps(h + d, g);
       if (prod) {
         _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));
@@ -361,7 +375,7 @@ LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsd
     }
     for (int64_t d = nv; d < n; ++d) {
       const float cs = cp ? static_cast<float>(cp[d]) : 0.f;
-      h[d] = cs * h[d] + static_cast<float>(gt[d]);
+      h[d] = mul_rounded(cs, h[d]) + static_cast<float>(gt[d]);
       if (prod) {
         prod[d] *= cs;
         continue;
