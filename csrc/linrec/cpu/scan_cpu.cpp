@@ -270,7 +270,8 @@ bool channels_contiguous(const ScanParams& p) {
 }
 #endif
 
-// The CPU kernel's one config.
+// The CPU kernel's one config (named after the strided path's groups of 16; it runs the path the
+// layout picks).
 constexpr const char* kCpuConfig = "cpu.g16";
 
 void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&, const OptConfig& config) {
