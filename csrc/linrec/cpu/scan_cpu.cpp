@@ -200,11 +200,11 @@ template <typename T>
 void scan_rows(const ScanParams& p) {
   const int64_t L = p.len, D = p.bsize[0], outer = p.num_seq / D;
   // Blocks of at most kMaxRowBlock channels; more for the threads only while every block still
-  // covers a page per row: a partial run of each page is 2-3x slower to stream (the prefetchers
-  // do not follow it from row to row), so with fewer items than threads each block is split
-  // along L instead (chained).
+  // covers 16 KiB per row: a run of part of each page is 2-3x slower to stream (the prefetchers
+  // do not follow it from row to row), and measured 4-8 KiB runs still lost to splitting along L,
+  // so with fewer items than threads each block is split along L instead (chained).
   const int64_t threads = at::get_num_threads();
-  const int64_t page_blocks = std::max<int64_t>(1, D * static_cast<int64_t>(sizeof(T)) / 4096);
+  const int64_t page_blocks = std::max<int64_t>(1, D * static_cast<int64_t>(sizeof(T)) / 16384);
   int64_t blocks = std::max((D + avx2::kMaxRowBlock - 1) / avx2::kMaxRowBlock,
                             std::min((threads + outer - 1) / outer, page_blocks));
   const int64_t W = ((D + blocks - 1) / blocks + 7) / 8 * 8;
