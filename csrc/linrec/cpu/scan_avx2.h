@@ -3,10 +3,11 @@
 // carries its own target attribute).
 //
 // Two kernels, for the two layouts where one operand access can cover 8 values:
-// - walk: the (N, L) layout, every operand contiguous along L (stride +1 or -1). One sequence at
-//   a time, 8 steps per vector: an in-register scan (3 shift-and-combine levels of the affine maps
-//   (c, x)) gives each lane its local state and coefficient product, then y = X + C h carries the
-//   state in. The carried state is the only serial dependency: one FMA per 8 steps.
+// - walk: the (N, L) layout, every operand contiguous along L (stride +1 or -1; an input may also
+//   be constant along L). One sequence at a time, 8 steps per vector (16 for bfloat16): an
+//   in-register scan (3 shift-and-combine levels of the affine maps (c, x)) gives each lane its
+//   local state and coefficient product, then y = X + C h carries the state in. The carried state
+//   is the only serial dependency: one FMA per vector.
 // - rows: the (B, L, D) layout, channels contiguous. One block of channels walks L; each step
 //   streams one contiguous run per operand through 8-channel vectors, with the block's states in an
 //   L1-resident array (at most kMaxRowBlock channels).

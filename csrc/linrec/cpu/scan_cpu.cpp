@@ -10,13 +10,13 @@
 // - strided: any other layout, float64, or a CPU without AVX2: groups of 16 neighbouring sequences
 //   advance side by side with scalar loads at their strides.
 //
-// Work items (sequences, channel blocks, groups) run in parallel with at::parallel_for. When there
-// are fewer items than threads and each is long, every item is also split along L into one chunk
-// more than the threads it gets, as in a chained scan: pass 1 scans the first chunk for good and
-// summarises every other chunk but the last (the product of its coefficients and its final state
-// from a zero state, read without writing); the summaries chain into each chunk's initial state;
-// pass 2 scans the other chunks from it. That moves 5/3 of the bytes of one pass over the split
-// chunks, so it pays only with more than one core really free.
+// Work items (sequences, channel blocks, groups) run in parallel with at::parallel_for. When the
+// walk or rows path has fewer items than threads and each is long, every item is also split along
+// L into one chunk more than the threads it gets, as in a chained scan: pass 1 scans the first
+// chunk for good and summarises every other chunk but the last (the product of its coefficients
+// and its final state from a zero state, read without writing); the summaries chain into each
+// chunk's initial state; pass 2 scans the other chunks from it. That moves 5/3 of the bytes of
+// one pass over the split chunks, so it pays only with more than one core really free.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
