@@ -1,48 +1,120 @@
 // CPU kernel of linrec::scan and linrec::scan_backward.
 //
-// Sequences are processed in groups of up to kGroup neighbours along the innermost
-// batch dim: in the (B, L, D) layout the group walks L with D-contiguous rows (vector
-// loads), in the (N, L) layout the group interleaves independent recurrences so the
-// multiply-add chains overlap. Groups run in parallel with at::parallel_for.
+// Three paths, chosen per call from the layout:
+// - walk (scan_avx2.h): every operand contiguous along L (the (N, L) layout, either direction):
+//   one sequence at a time, 8 steps per vector with an in-register scan. Each sequence streams its
+//   own contiguous runs, so no set of rows competes for the same cache sets at power-of-two
+//   lengths, and one sequence runs as fast as many.
+// - rows (scan_avx2.h): channels contiguous (the (B, L, D) layout): blocks of channels walk L, each
+//   step one contiguous run per operand.
+// - strided: any other layout, float64, or a CPU without AVX2: groups of 16 neighbouring sequences
+//   advance side by side with scalar loads at their strides.
+//
+// Work items (sequences, channel blocks, groups) run in parallel with at::parallel_for. When the
+// walk or rows path has fewer items than threads and each is long, every item is also split along
+// L into one chunk more than the threads it gets, as in a chained scan: pass 1 scans the first
+// chunk for good and summarises every other chunk but the last (the product of its coefficients
+// and its final state from a zero state, read without writing); the summaries chain into each
+// chunk's initial state; pass 2 scans the other chunks from it. That moves 5/3 of the bytes of
+// one pass over the split chunks, so it pays only with more than one core really free.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
 #include "../../common/errors.h"
 #include "../ops.h"
+#include "scan_avx2.h"
 
 namespace linrec {
 namespace {
 
-constexpr int64_t kGroup = 16;
+constexpr int64_t kGroup = 16;           // sequences per group of the strided path
+constexpr int64_t kMinChunk = 1 << 14;   // fewest elements (steps x state width) of one chunk of a split
+constexpr int64_t kGrainElems = 1 << 15; // fewest elements per parallel_for task
 
-template <typename scalar_t, bool kContig>
-void scan_group(const ScanParams& p, int64_t outer, int64_t inner0, int64_t n) {
+// ---------------------------------------------------------------------------------------------
+// The chained split, over `items` independent work items of `width` states each:
+//   run(item, t0, t1, h, prod) advances the item's states h over steps [t0, t1) (with prod: only
+//   summarises, see above); init(item, h) sets its initial states; end(item, h) gets the final
+//   states of the item's last chunk.
+template <typename Run, typename Init, typename End>
+void chained(int64_t items, int64_t width, int64_t L, const Run& run, const Init& init, const End& end) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunks = items >= threads || threads == 1
+                             ? 1
+                             : std::max<int64_t>(1, std::min((threads + items - 1) / items + 1, L * width / kMinChunk));
+  if (chunks == 1) {
+    const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, L * width));
+    at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end_) {
+      std::vector<float> h(width);
+      for (int64_t i = begin; i < end_; ++i) {
+        init(i, h.data());
+        run(i, 0, L, h.data(), nullptr);
+        end(i, h.data());
+      }
+    });
+    return;
+  }
+  auto bound = [&](int64_t k) { return k * L / chunks; };
+  // Chunk k of item i: its initial states at state[(i * chunks + k) * width].
+  std::vector<float> state(items * chunks * width, 0.f), last(items * chunks * width, 0.f),
+      prod(items * chunks * width, 1.f);
+  at::parallel_for(0, items * (chunks - 1), 1, [&](int64_t begin, int64_t end_) {
+    for (int64_t j = begin; j < end_; ++j) {
+      const int64_t i = j / (chunks - 1), k = j % (chunks - 1), off = (i * chunks + k) * width;
+      if (k == 0) {  // the first chunk starts from the true initial state: scanned for good here
+        init(i, &last[off]);
+        std::fill(&prod[off], &prod[off] + width, 0.f);
+        run(i, bound(0), bound(1), &last[off], nullptr);
+      } else {
+        run(i, bound(k), bound(k + 1), &last[off], &prod[off]);
+      }
+    }
+  });
+  for (int64_t i = 0; i < items; ++i)
+    for (int64_t k = 1; k < chunks; ++k)
+      for (int64_t g = 0; g < width; ++g) {
+        const int64_t off = (i * chunks + k) * width + g;
+        state[off] = prod[off - width] * state[off - width] + last[off - width];
+      }
+  at::parallel_for(0, items * (chunks - 1), 1, [&](int64_t begin, int64_t end_) {
+    for (int64_t j = begin; j < end_; ++j) {
+      const int64_t i = j / (chunks - 1), k = j % (chunks - 1) + 1;
+      float* h = &state[(i * chunks + k) * width];
+      run(i, bound(k), bound(k + 1), h, nullptr);
+      if (k == chunks - 1) end(i, h);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strided path: a group of up to kGroup sequences starting at flat sequence seq0.
+template <typename scalar_t>
+void scan_group(const ScanParams& p, int64_t seq0, int64_t n) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t seq0 = outer * (p.nbatch > 0 ? p.bsize[0] : 1) + inner0;
   auto ptr = [&](int slot) { return static_cast<scalar_t*>(p.ptr[slot]) + seq_offset(p, slot, seq0); };
-  auto cstride = [&](int slot) -> int64_t {
-    if (kContig && slot != kInit && slot != kGradInit) return 1;
-    return p.nbatch > 0 ? p.bstride[slot][0] : 0;
-  };
+  auto cs = [&](int slot) -> int64_t { return p.nbatch > 0 ? p.bstride[slot][0] : 0; };
   const int64_t L = p.len;
   const scalar_t* c = ptr(kCoeff);
   const scalar_t* h0 = p.ptr[kInit] ? ptr(kInit) : nullptr;
-  const int64_t ls_c = p.lstride[kCoeff], cs_c = cstride(kCoeff), cs_h0 = cstride(kInit);
+  const int64_t ls_c = p.lstride[kCoeff], cs_c = cs(kCoeff), cs_h0 = cs(kInit);
   acc_t h[kGroup];
   if (!p.backward) {
     const scalar_t* x = ptr(kIn);
     scalar_t* y = ptr(kOut);
-    const int64_t ls_x = p.lstride[kIn], ls_y = p.lstride[kOut], cs_x = cstride(kIn), cs_y = cstride(kOut);
+    const int64_t ls_x = p.lstride[kIn], ls_y = p.lstride[kOut], cs_x = cs(kIn), cs_y = cs(kOut);
     for (int64_t g = 0; g < n; ++g) h[g] = h0 ? static_cast<acc_t>(h0[g * cs_h0]) : acc_t(0);
-    for (int64_t t = 0; t < L; ++t) {
+    for (int64_t t = 0; t < L; ++t)
       for (int64_t g = 0; g < n; ++g) {
         h[g] = static_cast<acc_t>(c[t * ls_c + g * cs_c]) * h[g] + static_cast<acc_t>(x[t * ls_x + g * cs_x]);
         y[t * ls_y + g * cs_y] = static_cast<scalar_t>(h[g]);
       }
-    }
     return;
   }
   // Backward, walking u = 0..L-1 in the direction opposite to the forward scan:
@@ -55,10 +127,9 @@ void scan_group(const ScanParams& p, int64_t outer, int64_t inner0, int64_t n) {
   scalar_t* dh0 = ptr(kGradInit);
   const int64_t ls_dy = p.lstride[kIn], ls_y = p.lstride[kOut], ls_dx = p.lstride[kGradIn],
                 ls_dc = p.lstride[kGradCoeff];
-  const int64_t cs_dy = cstride(kIn), cs_y = cstride(kOut), cs_dx = cstride(kGradIn),
-                cs_dc = cstride(kGradCoeff), cs_dh0 = cstride(kGradInit);
+  const int64_t cs_dy = cs(kIn), cs_y = cs(kOut), cs_dx = cs(kGradIn), cs_dc = cs(kGradCoeff), cs_dh0 = cs(kGradInit);
   for (int64_t g = 0; g < n; ++g) h[g] = acc_t(0);
-  for (int64_t u = 0; u < L; ++u) {
+  for (int64_t u = 0; u < L; ++u)
     for (int64_t g = 0; g < n; ++g) {
       const acc_t cprev = u > 0 ? static_cast<acc_t>(c[(u - 1) * ls_c + g * cs_c]) : acc_t(0);
       h[g] = cprev * h[g] + static_cast<acc_t>(dy[u * ls_dy + g * cs_dy]);
@@ -67,22 +138,140 @@ void scan_group(const ScanParams& p, int64_t outer, int64_t inner0, int64_t n) {
       dx[u * ls_dx + g * cs_dx] = static_cast<scalar_t>(h[g]);
       dc[u * ls_dc + g * cs_dc] = static_cast<scalar_t>(h[g] * ynext);
     }
-  }
   for (int64_t g = 0; g < n; ++g)
     dh0[g * cs_dh0] = static_cast<scalar_t>(static_cast<acc_t>(c[(L - 1) * ls_c + g * cs_c]) * h[g]);
 }
 
-bool channels_contiguous(const ScanParams& p) {
-  if (p.nbatch == 0) return false;
-  for (int slot = 0; slot < kNumSlots; ++slot) {
-    if (!p.ptr[slot]) continue;
-    if (slot == kInit || slot == kGradInit) continue;  // read once per sequence
-    if (p.bstride[slot][0] != 1) return false;
-  }
-  return true;
+template <typename scalar_t>
+void scan_strided(const ScanParams& p) {
+  const int64_t inner = p.nbatch > 0 ? p.bsize[0] : 1;
+  const int64_t groups_per_row = (inner + kGroup - 1) / kGroup;
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, p.len * kGroup));
+  at::parallel_for(0, p.num_seq / inner * groups_per_row, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t inner0 = (i % groups_per_row) * kGroup;
+      scan_group<scalar_t>(p, i / groups_per_row * inner + inner0, std::min(kGroup, inner - inner0));
+    }
+  });
 }
 
-// The CPU kernel's one config.
+// The slots a forward or backward call reads or writes along L.
+bool uses_slot(const ScanParams& p, int slot) {
+  if (is_batch_slot(slot) || !p.ptr[slot]) return false;
+  return p.backward || slot == kIn || slot == kCoeff || slot == kOut;
+}
+
+#ifdef LINREC_HAVE_AVX2
+// ---------------------------------------------------------------------------------------------
+// Walk path: every used slot has step stride S (+1 or -1), or 0 for an input constant along L.
+template <typename T, int S>
+void scan_walk(const ScanParams& p) {
+  const int64_t L = p.len;
+  // Items in the walk's direction: a downward walk takes the sequences last to first, so that
+  // consecutive (N, L) rows make one descending stream.
+  auto at = [&](int slot, int64_t i) {
+    return static_cast<T*>(p.ptr[slot]) + seq_offset(p, slot, S > 0 ? i : p.num_seq - 1 - i);
+  };
+  auto in = [&](int slot, int64_t i) { return avx2::WalkIn<S, T>{at(slot, i), p.lstride[slot] == 0}; };
+  auto init_value = [&](int64_t i) { return p.ptr[kInit] ? static_cast<float>(*at(kInit, i)) : 0.f; };
+  if (!p.backward) {
+    chained(
+        p.num_seq, 1, L,
+        [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
+          avx2::walk_forward<S>(in(kCoeff, i), in(kIn, i), at(kOut, i), t0, t1, h, prod);
+        },
+        [&](int64_t i, float* h) { *h = init_value(i); }, [](int64_t, float*) {});
+    return;
+  }
+  chained(
+      p.num_seq, 1, L,
+      [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
+        avx2::walk_backward<S>(in(kCoeff, i), in(kIn, i), in(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
+                               init_value(i), L, t0, t1, h, prod);
+      },
+      [](int64_t, float* h) { *h = 0.f; },
+      [&](int64_t i, float* h) {  // d_initial = c_{L-1} g_{L-1}
+        *at(kGradInit, i) = static_cast<T>(in(kCoeff, i).value(L - 1) * *h);
+      });
+}
+
+// Rows path: channels (the innermost batch dim) contiguous in every used slot.
+template <typename T>
+void scan_rows(const ScanParams& p) {
+  const int64_t L = p.len, D = p.bsize[0], outer = p.num_seq / D;
+  // Blocks of at most kMaxRowBlock channels; more for the threads only while every block still
+  // covers 16 KiB per row: a run of part of each page is 2-3x slower to stream (the prefetchers
+  // do not follow it from row to row), and measured 4-8 KiB runs still lost to splitting along L,
+  // so with fewer items than threads each block is split along L instead (chained).
+  const int64_t threads = at::get_num_threads();
+  const int64_t page_blocks = std::max<int64_t>(1, D * static_cast<int64_t>(sizeof(T)) / 16384);
+  int64_t blocks = std::max((D + avx2::kMaxRowBlock - 1) / avx2::kMaxRowBlock,
+                            std::min((threads + outer - 1) / outer, page_blocks));
+  const int64_t W = ((D + blocks - 1) / blocks + 7) / 8 * 8;
+  blocks = (D + W - 1) / W;
+  auto seq0 = [&](int64_t j) { return j / blocks * D + j % blocks * W; };
+  auto width = [&](int64_t j) { return std::min(W, D - j % blocks * W); };
+  auto at = [&](int slot, int64_t j) { return static_cast<T*>(p.ptr[slot]) + seq_offset(p, slot, seq0(j)); };
+  auto gather_init = [&](int64_t j, float* h) {  // the initial state of each channel, zero without one
+    const int64_t n = width(j), cs = p.bstride[kInit][0];
+    const T* h0 = p.ptr[kInit] ? at(kInit, j) : nullptr;
+    for (int64_t d = 0; d < n; ++d) h[d] = h0 ? static_cast<float>(h0[d * cs]) : 0.f;
+  };
+  auto zero = [&](int64_t, float* h) { std::fill(h, h + W, 0.f); };
+  const int64_t* ls = p.lstride;
+  if (!p.backward) {
+    chained(
+        outer * blocks, W, L,
+        [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
+          avx2::rows_forward(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], width(j), t0,
+                             t1, h, prod);
+        },
+        gather_init, [](int64_t, float*) {});
+    return;
+  }
+  chained(
+      outer * blocks, W, L,
+      [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
+        float init[avx2::kMaxRowBlock];
+        if (p.ptr[kInit] && t1 == L) gather_init(j, init);
+        avx2::rows_backward(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], at(kGradIn, j),
+                            ls[kGradIn], at(kGradCoeff, j), ls[kGradCoeff], p.ptr[kInit] ? init : nullptr, L,
+                            width(j), t0, t1, h, prod);
+      },
+      zero,
+      [&](int64_t j, float* h) {  // d_initial = c_{L-1} g_{L-1}
+        const T* c_last = at(kCoeff, j) + (L - 1) * ls[kCoeff];
+        T* dh0 = at(kGradInit, j);
+        const int64_t cs = p.bstride[kGradInit][0];
+        for (int64_t d = 0; d < width(j); ++d) dh0[d * cs] = static_cast<T>(static_cast<float>(c_last[d]) * h[d]);
+      });
+}
+
+// The walk direction shared by every used slot: +1 or -1, where every slot written has that step
+// stride and every slot read has it or 0; 0 otherwise.
+int walk_direction(const ScanParams& p) {
+  int dir = 0;
+  for (int slot = 0; slot < kNumSlots; ++slot) {
+    if (!uses_slot(p, slot)) continue;
+    const int64_t s = p.lstride[slot];
+    const bool read = slot == kIn || slot == kCoeff || (p.backward && slot == kOut);
+    if (s == 0 && read) continue;
+    if ((s != 1 && s != -1) || (dir != 0 && s != dir)) return 0;
+    dir = static_cast<int>(s);
+  }
+  return p.len > 1 ? dir : 0;
+}
+
+bool channels_contiguous(const ScanParams& p) {
+  if (p.nbatch == 0) return false;
+  for (int slot = 0; slot < kNumSlots; ++slot)
+    if (uses_slot(p, slot) && p.bstride[slot][0] != 1) return false;
+  return true;
+}
+#endif
+
+// The CPU kernel's one config (named after the strided path's groups of 16; it runs the path the
+// layout picks).
 constexpr const char* kCpuConfig = "cpu.g16";
 
 void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&, const OptConfig& config) {
@@ -92,22 +281,19 @@ void launch_cpu(const ScanParams& p, at::ScalarType dtype, const at::Device&, co
     TORCH_CHECK_VALUE(prefer || name == kCpuConfig || name == kNativeDefault, "linrec.scan: unknown config '", name,
                       "' for the CPU kernel; valid: ", kNativeDefault, ", ", kCpuConfig);
   }
-  const int64_t inner = p.nbatch > 0 ? p.bsize[0] : 1;
-  const int64_t outer = p.num_seq / inner;
-  const int64_t groups_per_row = (inner + kGroup - 1) / kGroup;
-  const bool contig = channels_contiguous(p);
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.len * kGroup));
+  if (p.num_seq == 0 || p.len == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "linrec_scan_cpu", [&] {
-    at::parallel_for(0, outer * groups_per_row, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t o = i / groups_per_row, inner0 = (i % groups_per_row) * kGroup;
-        const int64_t n = std::min(kGroup, inner - inner0);
-        if (contig)
-          scan_group<scalar_t, true>(p, o, inner0, n);
-        else
-          scan_group<scalar_t, false>(p, o, inner0, n);
+#ifdef LINREC_HAVE_AVX2
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      if (avx2::supported()) {
+        const int dir = walk_direction(p);
+        if (dir == 1) return scan_walk<scalar_t, 1>(p);
+        if (dir == -1) return scan_walk<scalar_t, -1>(p);
+        if (channels_contiguous(p)) return scan_rows<scalar_t>(p);
       }
-    });
+    }
+#endif
+    scan_strided<scalar_t>(p);
   });
 }
 

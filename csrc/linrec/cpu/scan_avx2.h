@@ -1,0 +1,393 @@
+// AVX2 kernels of the CPU scan (csrc/linrec/cpu/scan_cpu.cpp runs them where the CPU has AVX2,
+// FMA and F16C; the extension itself is built for the baseline x86-64, so every function here
+// carries its own target attribute).
+//
+// Two kernels, for the two layouts where one operand access can cover 8 values:
+// - walk: the (N, L) layout, every operand contiguous along L (stride +1 or -1; an input may also
+//   be constant along L). One sequence at a time, 8 steps per vector (16 for bfloat16): an
+//   in-register scan (3 shift-and-combine levels of the affine maps (c, x)) gives each lane its
+//   local state and coefficient product, then y = X + C h carries the state in. The carried state
+//   is the only serial dependency: one FMA per vector.
+// - rows: the (B, L, D) layout, channels contiguous. One block of channels walks L; each step
+//   streams one contiguous run per operand through 8-channel vectors, with the block's states in an
+//   L1-resident array (at most kMaxRowBlock channels).
+// Both advance a state over steps [t0, t1) of the recurrence: the forward scan, or the backward one
+// g_u = c_{u-1} g_{u-1} + dy_u with dx_u = g_u, dc_u = g_u y_{u+1} (y_L = initial). With `prod`
+// (a chunk summary for the chained split) they multiply prod by every step's coefficient and
+// write nothing.
+#pragma once
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LINREC_HAVE_AVX2 1
+#include <immintrin.h>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#define LINREC_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace linrec {
+namespace avx2 {
+
+// Whether this CPU runs the kernels below.
+inline bool supported() {
+  static const bool ok =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+constexpr int64_t kMaxRowBlock = 4096;  // channels of one rows-kernel block (16 KiB of states)
+
+// 8 values to and from float lanes: float, bfloat16 (round to nearest even, NaN kept, as
+// c10::BFloat16) and half (F16C).
+LINREC_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+LINREC_AVX2 inline __m256 load8(const c10::BFloat16* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+LINREC_AVX2 inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+LINREC_AVX2 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+// The bfloat16 bits of each lane (in its low 16 bits).
+LINREC_AVX2 inline __m256i bf16_bits(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc0)),
+                                              _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+LINREC_AVX2 inline void store8(c10::BFloat16* p, __m256 v) {
+  const __m256i r = bf16_bits(v);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+// 16 bfloat16 values as two float vectors in the order of in-lane unpacking: a holds elements
+// 0-3 and 8-11, b holds 4-7 and 12-15 (so packing a and b back needs no cross-lane shuffle).
+LINREC_AVX2 inline void load16(const c10::BFloat16* p, __m256& a, __m256& b) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), zero = _mm256_setzero_si256();
+  a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w));
+  b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w));
+}
+LINREC_AVX2 inline void store16(c10::BFloat16* p, __m256 a, __m256 b) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_packus_epi32(bf16_bits(a), bf16_bits(b)));
+}
+LINREC_AVX2 inline void store8(c10::Half* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// ---------------------------------------------------------------------------------------------
+// walk: (N, L), operands contiguous along L. S = +1 walks up in memory (step u + i in lane i),
+// S = -1 walks down (step u + i in lane 7 - i); the last step of a vector is in lane kLast.
+
+template <int S>
+struct Walk {
+  static constexpr int kLast = S > 0 ? 7 : 0;
+
+  // Lane of walk step i of a vector.
+  static int lane(int i) { return S > 0 ? i : 7 - i; }
+
+  // Offset (elements, from the sequence's step 0) of the vector of walk steps u .. u+7.
+  static int64_t at(int64_t u) { return S > 0 ? u : -u - 7; }
+
+  // Lanes shifted K walk steps later within each 128-bit half (one in-lane byte shift); the first
+  // K steps of each half take `fill`.
+  template <int K>
+  LINREC_AVX2 static __m256 shift_in_half(__m256 v, __m256 fill) {
+    const __m256i w = _mm256_castps_si256(v);
+    const __m256 moved = _mm256_castsi256_ps(S > 0 ? _mm256_slli_si256(w, 4 * K) : _mm256_srli_si256(w, 4 * K));
+    constexpr int mask = S > 0 ? (K == 1 ? 0x11 : 0x33) : (K == 1 ? 0x88 : 0xcc);
+    return _mm256_blend_ps(moved, fill, mask);
+  }
+
+  // The last walk step of the first half (lane 3 or 4) in every lane of the second half, `fill`
+  // in the first.
+  LINREC_AVX2 static __m256 first_half_last(__m256 v, __m256 fill) {
+    const __m256 b = _mm256_permute_ps(v, S > 0 ? 0xff : 0x00);
+    return S > 0 ? _mm256_permute2f128_ps(b, fill, 0x02) : _mm256_permute2f128_ps(b, fill, 0x31);
+  }
+
+  // In-register scan of 8 steps: x becomes each step's state from a zero state, c the product of
+  // the coefficients up to it. Two levels inside each half, then the first half's total carried
+  // into the second: 8 shuffles, 3 of them across halves.
+  LINREC_AVX2 static void scan8(__m256& c, __m256& x) {
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    x = _mm256_fmadd_ps(c, shift_in_half<1>(x, zero), x);
+    c = _mm256_mul_ps(c, shift_in_half<1>(c, one));
+    x = _mm256_fmadd_ps(c, shift_in_half<2>(x, zero), x);
+    c = _mm256_mul_ps(c, shift_in_half<2>(c, one));
+    x = _mm256_fmadd_ps(c, first_half_last(x, zero), x);
+    c = _mm256_mul_ps(c, first_half_last(c, one));
+  }
+
+  // The last walk step (lane kLast) in every lane.
+  LINREC_AVX2 static __m256 last(__m256 v) {
+    const __m256 b = _mm256_permute_ps(v, S > 0 ? 0xff : 0x00);
+    return _mm256_permute2f128_ps(b, b, S > 0 ? 0x11 : 0x00);
+  }
+
+  // One vector: h (broadcast) -> each step's state; h and prod advance past its 8 steps.
+  LINREC_AVX2 static __m256 step(__m256 c, __m256 x, __m256& h, __m256* prod) {
+    scan8(c, x);
+    const __m256 y = _mm256_fmadd_ps(c, h, x);
+    h = _mm256_fmadd_ps(last(c), h, last(x));
+    if (prod) *prod = _mm256_mul_ps(*prod, last(c));
+    return y;
+  }
+
+  // 16 steps in load16's order: each 128-bit half of (a, b) is one column of 8 consecutive
+  // steps (4 in a, 4 in b; walking down, b's 4 come first), the columns in memory order (walking
+  // down, the high one first). a and b become each step's state; h and prod advance past all 16.
+  LINREC_AVX2 static void step16(__m256 ca, __m256& xa, __m256 cb, __m256& xb, __m256& h, __m256* prod) {
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    x_scan4(ca, xa);
+    x_scan4(cb, xb);
+    __m256& c1 = S > 0 ? ca : cb;  // the earlier 4 steps of each column
+    __m256& x1 = S > 0 ? xa : xb;
+    __m256& c2 = S > 0 ? cb : ca;
+    __m256& x2 = S > 0 ? xb : xa;
+    constexpr int kLastInHalf = S > 0 ? 0xff : 0x00;
+    x2 = _mm256_fmadd_ps(c2, _mm256_permute_ps(x1, kLastInHalf), x2);
+    c2 = _mm256_mul_ps(c2, _mm256_permute_ps(c1, kLastInHalf));
+    const __m256 tx = first_half_last(x2, zero), tc = first_half_last(c2, one);
+    x1 = _mm256_fmadd_ps(c1, tx, x1);
+    c1 = _mm256_mul_ps(c1, tc);
+    x2 = _mm256_fmadd_ps(c2, tx, x2);
+    c2 = _mm256_mul_ps(c2, tc);
+    const __m256 cl = last(c2), xl = last(x2);
+    xa = _mm256_fmadd_ps(ca, h, xa);
+    xb = _mm256_fmadd_ps(cb, h, xb);
+    h = _mm256_fmadd_ps(cl, h, xl);
+    if (prod) *prod = _mm256_mul_ps(*prod, cl);
+  }
+
+  // The two in-half levels of scan8: a local scan of each 4 steps.
+  LINREC_AVX2 static void x_scan4(__m256& c, __m256& x) {
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    x = _mm256_fmadd_ps(c, shift_in_half<1>(x, zero), x);
+    c = _mm256_mul_ps(c, shift_in_half<1>(c, one));
+    x = _mm256_fmadd_ps(c, shift_in_half<2>(x, zero), x);
+    c = _mm256_mul_ps(c, shift_in_half<2>(c, one));
+  }
+
+  // Offset of the 16 steps u .. u+15.
+  static int64_t at16(int64_t u) { return S > 0 ? u : -u - 15; }
+};
+
+// A read operand of the walk, at its step 0: contiguous along L in the walk's direction, or
+// constant along L (stride 0, a broadcast input).
+template <int S, typename T>
+struct WalkIn {
+  const T* p;
+  bool constant;
+
+  float value(int64_t t) const { return static_cast<float>(p[constant ? 0 : t * S]); }
+  LINREC_AVX2 __m256 vec8(int64_t u) const {
+    return constant ? _mm256_set1_ps(static_cast<float>(*p)) : load8(p + Walk<S>::at(u));
+  }
+  LINREC_AVX2 void vec16(int64_t u, __m256& a, __m256& b) const {
+    if (constant)
+      a = b = _mm256_set1_ps(static_cast<float>(*p));
+    else
+      load16(p + Walk<S>::at16(u), a, b);
+  }
+};
+
+// Forward over steps [t0, t1) of one sequence: y points at its step 0.
+template <int S, typename T>
+LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, int64_t t1, float* h_io,
+                              float* prod_io) {
+  using W = Walk<S>;
+  __m256 h = _mm256_set1_ps(*h_io), prod = _mm256_set1_ps(prod_io ? *prod_io : 1.f);
+  __m256* pp = prod_io ? &prod : nullptr;
+  int64_t u = t0;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    for (; u + 16 <= t1; u += 16) {
+      __m256 ca, cb, xa, xb;
+      c.vec16(u, ca, cb);
+      x.vec16(u, xa, xb);
+      W::step16(ca, xa, cb, xb, h, pp);
+      if (!prod_io) store16(y + W::at16(u), xa, xb);
+    }
+  }
+  for (; u + 8 <= t1; u += 8) {
+    const __m256 v = W::step(c.vec8(u), x.vec8(u), h, pp);
+    if (!prod_io) store8(y + W::at(u), v);
+  }
+  if (u < t1) {  // the last m < 8 steps through buffers; idle steps are identities (c = 1, x = 0)
+    const int m = static_cast<int>(t1 - u);
+    alignas(32) float cb[8], xb[8], yb[8];
+    for (int i = 0; i < 8; ++i) cb[i] = 1.f, xb[i] = 0.f;
+    for (int i = 0; i < m; ++i) {
+      cb[W::lane(i)] = c.value(u + i);
+      xb[W::lane(i)] = x.value(u + i);
+    }
+    _mm256_store_ps(yb, W::step(_mm256_load_ps(cb), _mm256_load_ps(xb), h, pp));
+    if (!prod_io)
+      for (int i = 0; i < m; ++i) y[(u + i) * S] = static_cast<T>(yb[W::lane(i)]);
+  }
+  *h_io = _mm256_cvtss_f32(h);
+  if (prod_io) *prod_io = _mm256_cvtss_f32(prod);
+}
+
+// Up to 8 backward steps from u through buffers (the first step, whose c_{-1} = 0, and the last,
+// whose y_L = init, go this way); idle steps are identities.
+template <int S, typename T>
+LINREC_AVX2 void walk_backward_partial(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, T* dx, T* dc, float init,
+                                       int64_t L, int64_t u, int m, __m256& h, __m256* prod) {
+  using W = Walk<S>;
+  alignas(32) float cb[8], gb[8], yb[8];
+  for (int i = 0; i < 8; ++i) cb[i] = 1.f, gb[i] = 0.f, yb[i] = 0.f;
+  for (int i = 0; i < m; ++i) {
+    const int64_t t = u + i;
+    cb[W::lane(i)] = t > 0 ? c.value(t - 1) : 0.f;
+    gb[W::lane(i)] = dy.value(t);
+    if (!prod) yb[W::lane(i)] = t + 1 < L ? y.value(t + 1) : init;
+  }
+  const __m256 g = W::step(_mm256_load_ps(cb), _mm256_load_ps(gb), h, prod);
+  if (prod) return;
+  _mm256_store_ps(gb, g);
+  _mm256_store_ps(yb, _mm256_mul_ps(g, _mm256_load_ps(yb)));
+  for (int i = 0; i < m; ++i) {
+    dx[(u + i) * S] = static_cast<T>(gb[W::lane(i)]);
+    dc[(u + i) * S] = static_cast<T>(yb[W::lane(i)]);
+  }
+}
+
+// Backward over steps [t0, t1) of one sequence of length L (walk order: the reverse of the
+// forward scan): dx, dc point at its step 0; y_L = init.
+template <int S, typename T>
+LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, T* dx, T* dc, float init, int64_t L,
+                               int64_t t0, int64_t t1, float* h_io, float* prod_io) {
+  using W = Walk<S>;
+  __m256 h = _mm256_set1_ps(*h_io), prod = _mm256_set1_ps(prod_io ? *prod_io : 1.f);
+  __m256* pp = prod_io ? &prod : nullptr;
+  int64_t u = t0;
+  if (u == 0 && u < t1) {
+    const int m = static_cast<int>(t1 - u < 8 ? t1 - u : 8);
+    walk_backward_partial<S>(c, dy, y, dx, dc, init, L, u, m, h, pp);
+    u += m;
+  }
+  const int64_t body_end = t1 < L - 1 ? t1 : L - 1;  // full vectors read y up to step u + 8 < L
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    for (; u + 16 <= body_end; u += 16) {
+      __m256 ca, cb, ga, gb;
+      c.vec16(u - 1, ca, cb);
+      dy.vec16(u, ga, gb);
+      W::step16(ca, ga, cb, gb, h, pp);
+      if (prod_io) continue;
+      store16(dx + W::at16(u), ga, gb);
+      __m256 ya, yb;
+      y.vec16(u + 1, ya, yb);
+      store16(dc + W::at16(u), _mm256_mul_ps(ga, ya), _mm256_mul_ps(gb, yb));
+    }
+  }
+  for (; u + 8 <= body_end; u += 8) {
+    const __m256 g = W::step(c.vec8(u - 1), dy.vec8(u), h, pp);
+    if (prod_io) continue;
+    store8(dx + W::at(u), g);
+    store8(dc + W::at(u), _mm256_mul_ps(g, y.vec8(u + 1)));
+  }
+  while (u < t1) {
+    const int m = static_cast<int>(t1 - u < 8 ? t1 - u : 8);
+    walk_backward_partial<S>(c, dy, y, dx, dc, init, L, u, m, h, pp);
+    u += m;
+  }
+  *h_io = _mm256_cvtss_f32(h);
+  if (prod_io) *prod_io = _mm256_cvtss_f32(prod);
+}
+
+// ---------------------------------------------------------------------------------------------
+// rows: (B, L, D), a block of n contiguous channels; ls* are the step strides (elements, signed).
+// Each step rounds c h and then adds x, as the strided path does (built for the baseline x86-64,
+// without FMA), so that the two agree to the bit: a broadcast input takes the strided path, the
+// same values materialised this one.
+
+// a * b rounded, never contracted with a following add into an FMA (the empty asm hides the
+// product from the optimiser).
+LINREC_AVX2 inline __m256 mul_rounded(__m256 a, __m256 b) {
+  __m256 m = _mm256_mul_ps(a, b);
+  asm("" : "+x"(m));
+  return m;
+}
+LINREC_AVX2 inline float mul_rounded(float a, float b) {
+  float m = a * b;
+  asm("" : "+x"(m));
+  return m;
+}
+
+template <typename T>
+LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, T* y, int64_t lsy, int64_t n,
+                              int64_t t0, int64_t t1, float* h, float* prod) {
+  const int64_t nv = n / 8 * 8;
+  const bool down = lsc < 0;  // rows at descending addresses: channels last to first too
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* ct = c + t * lsc;
+    const T* xt = x + t * lsx;
+    T* yt = y + t * lsy;
+    for (int64_t k = 0; k < nv; k += 8) {
+      const int64_t d = down ? nv - 8 - k : k;
+      const __m256 cv = load8(ct + d);
+      const __m256 hv = _mm256_add_ps(mul_rounded(cv, _mm256_loadu_ps(h + d)), load8(xt + d));
+      _mm256_storeu_ps(h + d, hv);
+      if (prod)
+        _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));
+      else
+        store8(yt + d, hv);
+    }
+    for (int64_t d = nv; d < n; ++d) {
+      const float cs = static_cast<float>(ct[d]);
+      h[d] = mul_rounded(cs, h[d]) + static_cast<float>(xt[d]);
+      if (prod)
+        prod[d] *= cs;
+      else
+        yt[d] = static_cast<T>(h[d]);
+    }
+  }
+}
+
+// init: the initial state of each channel (y_L), or nullptr for zeros; its channel stride cs0.
+template <typename T>
+LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsdy, const T* y, int64_t lsy, T* dx,
+                               int64_t lsdx, T* dc, int64_t lsdc, const float* init, int64_t L, int64_t n,
+                               int64_t t0, int64_t t1, float* h, float* prod) {
+  const int64_t nv = n / 8 * 8;
+  const bool down = lsdy < 0;  // rows at descending addresses: channels last to first too
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* cp = t > 0 ? c + (t - 1) * lsc : nullptr;  // c_{-1} = 0
+    const T* gt = dy + t * lsdy;
+    const T* yn = t + 1 < L ? y + (t + 1) * lsy : nullptr;
+    T* dxt = dx + t * lsdx;
+    T* dct = dc + t * lsdc;
+    for (int64_t k = 0; k < nv; k += 8) {
+      const int64_t d = down ? nv - 8 - k : k;
+      const __m256 cv = cp ? load8(cp + d) : _mm256_setzero_ps();
+      const __m256 g = _mm256_add_ps(mul_rounded(cv, _mm256_loadu_ps(h + d)), load8(gt + d));
+      _mm256_storeu_ps(h + d, g);
+      if (prod) {
+        _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));
+        continue;
+      }
+      const __m256 yv = yn ? load8(yn + d) : (init ? _mm256_loadu_ps(init + d) : _mm256_setzero_ps());
+      store8(dxt + d, g);
+      store8(dct + d, _mm256_mul_ps(g, yv));
+    }
+    for (int64_t d = nv; d < n; ++d) {
+      const float cs = cp ? static_cast<float>(cp[d]) : 0.f;
+      h[d] = mul_rounded(cs, h[d]) + static_cast<float>(gt[d]);
+      if (prod) {
+        prod[d] *= cs;
+        continue;
+      }
+      const float yv = yn ? static_cast<float>(yn[d]) : (init ? init[d] : 0.f);
+      dxt[d] = static_cast<T>(h[d]);
+      dct[d] = static_cast<T>(h[d] * yv);
+    }
+  }
+}
+
+}  // namespace avx2
+}  // namespace linrec
+#endif
