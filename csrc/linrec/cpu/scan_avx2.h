@@ -114,10 +114,7 @@ struct Walk {
   // into the second: 8 shuffles, 3 of them across halves.
   LINREC_AVX2 static void scan8(__m256& c, __m256& x) {
     const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
-    x = _mm256_fmadd_ps(c, shift_in_half<1>(x, zero), x);
-    c = _mm256_mul_ps(c, shift_in_half<1>(c, one));
-    x = _mm256_fmadd_ps(c, shift_in_half<2>(x, zero), x);
-    c = _mm256_mul_ps(c, shift_in_half<2>(c, one));
+    x_scan4(c, x);
     x = _mm256_fmadd_ps(c, first_half_last(x, zero), x);
     c = _mm256_mul_ps(c, first_half_last(c, one));
   }
