@@ -187,8 +187,8 @@ def test_every_config_on_layouts(case, reverse, dtype):
             expect = (not channel_layout,) * 2
         elif n.startswith("stream."):
             expect = stream(reverse) if _stream_capable() else (False, False)
-        elif n == "channel.s8r16b1p2":
-            expect = (name == "BLD-even",) * 2
+        elif _channel_group(n) > 1:  # BLD-even has 66 channels: pairs only
+            expect = (name == "BLD-even" and _channel_group(n) == 2,) * 2
         else:
             expect = (channel_layout,) * 2
         assert got == expect, f"{n}: applied (forward, backward) {got}, expected {expect}"
@@ -268,42 +268,52 @@ def test_look_back_few_rows(rows, config):
 
 # ----------------------------------------------------------------------------------------------- channel kernel
 
-# (B, L, D) with dim=1. Pairs of channels per lane need even D, unit channel stride and pair-aligned
-# rows; "sliced" shifts the rows by one element (pairs misaligned: the pair config does not apply).
-_BLD = [((2, 1000, 64), "plain"), ((3, 4100, 130), "plain"), ((2, 333, 2), "plain"), ((2, 1000, 65), "sliced")]
+# (B, L, D) with dim=1 and the channels sliced from a wider buffer at an offset (0: contiguous).
+# A config with groups of CPL channels per lane (names ending p2, c4, c8) needs D, the buffer's
+# width and the offset to be multiples of CPL (unit channel stride, group-aligned rows).
+_BLD = [((2, 1000, 64), 0), ((3, 4100, 130), 0), ((2, 333, 2), 0), ((2, 1000, 65), 1), ((2, 777, 72), 4),
+        ((1, 300, 264), 0)]
+
+
+def _channel_group(name: str) -> int:
+    tail = name.rsplit(".", 1)[-1]
+    return 2 if tail.endswith("p2") else int(tail[-1]) if tail[-2] == "c" else 1
+
+
+def _groups_apply(name: str, D: int, offset: int) -> bool:
+    cpl = _channel_group(name)
+    return D % cpl == 0 and offset % cpl == 0
 
 
 @pytest.mark.parametrize("config", _by_index("channel"))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reverse", REVERSE)
-@pytest.mark.parametrize("case", _BLD, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}")
+@pytest.mark.parametrize("case", _BLD, ids=lambda c: f"{'x'.join(map(str, c[0]))}-at{c[1]}")
 def test_channel_kernel_configs(case, reverse, dtype, config):
-    (B, L, D), layout = case
+    (B, L, D), offset = case
     name = _names("channel", _elem_size(dtype))[config]
     g = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr((case, reverse, str(dtype))).encode()))
-    x = torch.randn(B, L, D, generator=g, device="cuda").to(dtype)
-    c = torch.empty(B, L, D, device="cuda").uniform_(0.9, 1.0, generator=g).to(dtype)
-    h0 = torch.randn(B, D, generator=g, device="cuda").to(dtype)
-    if layout == "sliced":
-        x, c, h0 = x[..., 1:], c[..., 1:], h0[..., 1:]
+    x = torch.randn(B, L, D + offset, generator=g, device="cuda").to(dtype)[..., offset:]
+    c = torch.empty(B, L, D + offset, device="cuda").uniform_(0.9, 1.0, generator=g).to(dtype)[..., offset:]
+    h0 = torch.randn(B, D + offset, generator=g, device="cuda").to(dtype)[..., offset:]
     (fwd, bwd), = check_configs(x, c, h0, 1, reverse, dtype, [name]).values()
-    expect = not name.endswith("p2") or layout == "plain"  # pairs need even, aligned channels
-    assert (fwd, bwd) == (expect, expect), (name, layout, fwd, bwd)
+    expect = _groups_apply(name, D, offset)
+    assert (fwd, bwd) == (expect, expect), (name, offset, fwd, bwd)
 
 
 @pytest.mark.parametrize("coeffs_shape", [(64,), (2, 1, 64), (1, 1000, 1)], ids=["D", "B1D", "1L1"])
 @pytest.mark.parametrize("reverse", REVERSE)
 def test_channel_kernel_broadcast_coeffs(coeffs_shape, reverse):
     """Broadcast coefficients: read in place, their gradient added into a buffer of their shape; every
-    channel config (the pair config only where coeffs have unit channel stride)."""
+    channel config (the grouped configs only where coeffs have unit channel stride)."""
     g = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(2, 1000, 64, generator=g, device="cuda")
     c = torch.empty(coeffs_shape, device="cuda").uniform_(0.9, 1.0, generator=g)
     check_against_cpu_kernel(x, c, None, 1, reverse, torch.float32)
     applied = check_configs(x, c, None, 1, reverse, torch.float32, _names("channel", 4))
     for name, (fwd, bwd) in applied.items():
-        # Pairs need unit channel stride in coeffs too (the backward's grad_coeffs buffer is exempt).
-        expect = coeffs_shape[-1] == 64 if name == "channel.s8r16b1p2" else True
+        # Groups need unit channel stride in coeffs too (the backward's grad_coeffs buffer is exempt).
+        expect = coeffs_shape[-1] == 64 if _channel_group(name) > 1 else True
         assert (fwd, bwd) == (expect, expect), (name, fwd, bwd)
 
 

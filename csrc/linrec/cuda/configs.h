@@ -45,10 +45,21 @@ struct ChannelConfig {
   constexpr int64_t span() const { return int64_t(steps) * rows; }
   constexpr int64_t channels() const { return 32 * cpl; }
 };
-constexpr ChannelConfig kChannelConfigs[] = {
-    {"channel.s16r8b2", 16, 8, 2, 1}, {"channel.s16r4b5", 16, 4, 5, 1}, {"channel.s32r4b3", 32, 4, 3, 1},
-    {"channel.s32r2b6", 32, 2, 6, 1}, {"channel.s8r16b1p2", 8, 16, 1, 2}};
-constexpr int kNumChannelConfigs = 5;
+// One channel per lane (any channel stride); a pair per lane; then groups of up to 16 bytes per
+// lane (4 float32 / 4 or 8 16-bit channels) with fewer steps per thread to keep the registers.
+// The tables have equal lengths and differ from index 5 on.
+constexpr ChannelConfig kChannelConfigs4B[] = {
+    {"channel.s16r8b2", 16, 8, 2, 1},     {"channel.s16r4b5", 16, 4, 5, 1},  {"channel.s32r4b3", 32, 4, 3, 1},
+    {"channel.s32r2b6", 32, 2, 6, 1},     {"channel.s8r16b1p2", 8, 16, 1, 2}, {"channel.s16r8b2p2", 16, 8, 2, 2},
+    {"channel.s8r8b2c4", 8, 8, 2, 4},     {"channel.s4r8b3c4", 4, 8, 3, 4},  {"channel.s16r4b2c4", 16, 4, 2, 4}};
+constexpr ChannelConfig kChannelConfigs2B[] = {
+    {"channel.s16r8b2", 16, 8, 2, 1},     {"channel.s16r4b5", 16, 4, 5, 1},  {"channel.s32r4b3", 32, 4, 3, 1},
+    {"channel.s32r2b6", 32, 2, 6, 1},     {"channel.s8r16b1p2", 8, 16, 1, 2}, {"channel.s16r8b2c4", 16, 8, 2, 4},
+    {"channel.s8r8b2c4", 8, 8, 2, 4},     {"channel.s16r4b3c4", 16, 4, 3, 4}, {"channel.s8r8b2c8", 8, 8, 2, 8}};
+constexpr int kNumChannelConfigs = 9;
+constexpr ChannelConfig channel_config(int elem_size, int i) {
+  return elem_size == 2 ? kChannelConfigs2B[i] : kChannelConfigs4B[i];
+}
 
 // Stream kernel (Hopper: bulk copies): one block per sequence, E x NT steps per tile, tiles
 // staged STAGES ahead (forward / backward). `bulk_store`: full output tiles leave through shared
@@ -91,7 +102,7 @@ constexpr int num_configs(ScanKind kind) {
 inline const char* config_name(ScanKind kind, int elem_size, int i) {
   switch (kind) {
     case ScanKind::kTile: return tile_config(elem_size, i).name;
-    case ScanKind::kChannel: return kChannelConfigs[i].name;
+    case ScanKind::kChannel: return channel_config(elem_size, i).name;
     case ScanKind::kStream: return stream_config(elem_size, i).name;
   }
   return "";

@@ -4,14 +4,12 @@
 
 namespace linrec {
 
-inline ScanDefaults defaults_generic(int elem_size, bool backward, bool channel_pairs) {
-  (void)elem_size;
+inline ScanDefaults defaults_generic(int elem_size, bool backward, int group_width) {
   ScanDefaults d{};
   d.tile_lookback = 2;  // the largest tile: fewest look-back hops
   d.stream = -1;        // bulk copies (cp.async.bulk) need compute capability 9.0
-  // Pairs where they halve the accesses of the five backward streams; one channel per lane for
-  // the forward (no device measured faster with pairs there but the H100).
-  d.channel = channel_pairs && backward ? 4 : 0;
+  // Channel groups as on Hopper (no other GPU measured).
+  d.channel = defaults_sm90(elem_size, backward, group_width).channel;
   return d;
 }
 

@@ -11,16 +11,21 @@ struct ScanDefaults {
   int channel;        // channel config
 };
 
-inline ScanDefaults defaults_sm90(int elem_size, bool backward, bool channel_pairs) {
+inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width) {
   ScanDefaults d{};
   // 4096-step tiles of 256 threads: few-long 0.63 of torch.add vs 0.57 for 128 threads (H200).
   d.tile_lookback = 2;
   // 512 threads: twice the warps hide the per-tile latency (the configs are even since the
   // per-tile overheads went; 4 stayed).
   d.stream = 4;
-  // Pairs for the backward (five streams) and the 4-byte forward (H100 mamba-BLD 0.97 vs 0.92);
-  // the 2-byte forward keeps one channel per lane (0.44 vs 0.36 with pairs).
-  d.channel = channel_pairs && (backward || elem_size == 4) ? 4 : 0;
+  // Channel groups by what measured fastest (bench/NOTES.md item 22): 16 steps of
+  // pairs for the 4-byte forward (mamba-BLD 0.96 of torch.add vs 0.94 with 4 channels), 16 steps
+  // of 4 channels for the 2-byte forward (bf16 mamba-BLD 0.84 vs 0.73 with 8, 0.59 with pairs);
+  // 4-channel groups of 4 / 8 steps for the backward (five streams: fewer registers per step).
+  if (!backward)
+    d.channel = elem_size == 4 ? (group_width >= 2 ? 5 : 0) : (group_width >= 4 ? 5 : 0);
+  else
+    d.channel = group_width >= 4 ? (elem_size == 4 ? 7 : 6) : group_width >= 2 ? 4 : 0;
   return d;
 }
 

@@ -68,22 +68,32 @@ inline bool vectorizable(const ScanParams& p, int slot, int elem_size) {
   return true;
 }
 
-// Whether the channel kernel may take two adjacent channels per lane: every strided operand has
-// unit stride between channels, an even number of them per row, and pair-aligned steps.
-inline bool channel_pairs(const ScanParams& p, int elem_size) {
-  if (p.nbatch == 0 || p.bsize[0] % 2 != 0) return false;
+// Whether the channel kernel may take groups of `cpl` adjacent channels per lane: every strided
+// operand has unit stride between channels, a multiple of `cpl` of them per row, and
+// group-aligned steps (one access of cpl elements).
+inline bool channel_groups(const ScanParams& p, int elem_size, int cpl) {
+  if (cpl == 1) return true;
+  if (p.nbatch == 0 || p.bsize[0] % cpl != 0) return false;
   for (int slot : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) {
     if (!p.ptr[slot] || (slot == kGradCoeff && p.accumulate_grad_coeff)) continue;
-    if (p.bstride[slot][0] != 1 || p.lstride[slot] % 2 != 0) return false;
+    if (p.bstride[slot][0] != 1 || p.lstride[slot] % cpl != 0) return false;
     for (int i = 1; i < p.nbatch; ++i)
-      if (p.bstride[slot][i] % 2 != 0) return false;
-    if (reinterpret_cast<uintptr_t>(p.ptr[slot]) % (2 * elem_size) != 0) return false;
+      if (p.bstride[slot][i] % cpl != 0) return false;
+    if (reinterpret_cast<uintptr_t>(p.ptr[slot]) % (cpl * elem_size) != 0) return false;
   }
   return true;
 }
 
-inline ScanDefaults device_defaults(const DeviceInfo& dev, int elem_size, bool backward, bool pairs) {
-  return dev.cc_major >= 9 ? defaults_sm90(elem_size, backward, pairs) : defaults_generic(elem_size, backward, pairs);
+// The widest channel group per lane (1, 2, 4 or 8 channels, at most 16 bytes) this problem allows.
+inline int channel_group_width(const ScanParams& p, int elem_size) {
+  for (int cpl = 16 / elem_size; cpl > 1; cpl /= 2)
+    if (channel_groups(p, elem_size, cpl)) return cpl;
+  return 1;
+}
+
+inline ScanDefaults device_defaults(const DeviceInfo& dev, int elem_size, bool backward, int group_width) {
+  return dev.cc_major >= 9 ? defaults_sm90(elem_size, backward, group_width)
+                           : defaults_generic(elem_size, backward, group_width);
 }
 
 // Slots the tile and stream kernels may access with 16-byte vectors.
@@ -101,7 +111,7 @@ inline bool config_applies(const ScanParams& p, int elem_size, const DeviceInfo&
   const bool channel = is_channel_layout(p);
   switch (kind) {
     case ScanKind::kTile: return !channel;
-    case ScanKind::kChannel: return channel && (kChannelConfigs[index].cpl == 1 || channel_pairs(p, elem_size));
+    case ScanKind::kChannel: return channel && channel_groups(p, elem_size, channel_config(elem_size, index).cpl);
     case ScanKind::kStream: {
       if (channel || dev.cc_major < 9) return false;
       const StreamConfig cfg = stream_config(elem_size, index);
@@ -167,8 +177,8 @@ inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int 
   plan.bulk_mask = cfg.bulk_store ? plan.vec_mask & outs : 0u;
 }
 
-inline void plan_channel(ScanPlan& plan, const ScanParams& p, const DeviceInfo& dev, int config) {
-  const ChannelConfig cfg = kChannelConfigs[config];
+inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config) {
+  const ChannelConfig cfg = channel_config(elem_size, config);
   plan.kind = ScanKind::kChannel;
   plan.config = config;
   const int64_t spans = ceil_div(p.len, cfg.span());
@@ -200,9 +210,9 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     req.index = -1;
   }
   const bool channel = is_channel_layout(p);
-  const ScanDefaults def = device_defaults(dev, elem_size, p.backward, channel && channel_pairs(p, elem_size));
+  const ScanDefaults def = device_defaults(dev, elem_size, p.backward, channel ? channel_group_width(p, elem_size) : 1);
   if (channel) {
-    plan_channel(plan, p, dev, req.index >= 0 ? req.index : def.channel);
+    plan_channel(plan, p, elem_size, dev, req.index >= 0 ? req.index : def.channel);
   } else {
     plan.vec_mask = vector_slots(p, elem_size);
     if (req.index >= 0 && req.kind == ScanKind::kStream) {

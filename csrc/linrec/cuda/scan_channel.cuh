@@ -2,18 +2,21 @@
 //
 // A block owns 32 * CPL consecutive sequences ("channels": CPL adjacent ones per lane, so
 // every step is one coalesced row access per warp, of 32 * CPL elements) and a span of
-// ROWS * CH steps: warp w holds steps [w CH, (w+1) CH) of its lanes' channels in registers
-// (all loads issued before the first use). Each thread reduces its CH steps per channel to
-// one affine map; warp 0 composes the ROWS maps per channel through shared memory, obtains
-// the state before the span (its running state in pipe mode, or the per-channel decoupled
-// look-back across blocks), and hands every warp its starting state; then all threads replay
-// their steps and store.
+// ROWS * CH steps: warp w holds steps [w CH, (w+1) CH) of its lanes' channels in registers,
+// as loaded (all loads issued before the first use). Each thread reduces its CH steps per
+// channel to one affine map; the block's threads then compose the ROWS maps of one channel
+// each through shared memory, obtain the state before the span (the block's running state in
+// pipe mode, or the per-channel decoupled look-back across blocks), and hand every warp its
+// starting states; then all threads replay their steps and store.
 //
-// CPL = 2 moves a pair of channels per access (2 x 2 bytes at 16 bits: with one 2-byte
-// channel per lane a warp row was 64 bytes, and bf16 mamba-BLD ran at half the GB/s of
+// CPL > 1 moves a group of adjacent channels per access, up to 16 bytes (with one 2-byte
+// channel per lane a warp row is 64 bytes, and bf16 mamba-BLD ran at half the GB/s of
 // float32). The planner takes it only where every strided operand has its channels adjacent
-// (unit stride) and pairs aligned.
+// (unit stride) and groups aligned.
 #pragma once
+#include <cstring>
+#include <type_traits>
+
 #include "scan_common.cuh"
 
 namespace linrec {
@@ -25,43 +28,64 @@ struct ChannelArgs {
   LookbackState lb;
 };
 
-// CPL adjacent elements at `p` (aligned to CPL elements when CPL > 1) as float.
+template <int kBytes> struct AccessWord;
+template <> struct AccessWord<2> { using type = unsigned short; };
+template <> struct AccessWord<4> { using type = unsigned; };
+template <> struct AccessWord<8> { using type = uint2; };
+template <> struct AccessWord<16> { using type = uint4; };
+
+// One step of CPL adjacent channels, kept as loaded (2-byte values stay packed: half the
+// registers) and converted per use.
 template <typename T, int CPL>
-__device__ __forceinline__ void load_channels(const T* p, float (&out)[CPL]) {
-  if constexpr (CPL == 1) {
-    out[0] = to_float(*p);
-  } else {
-    static_assert(CPL == 2, "one or two channels per lane");
+struct ChannelPack {
+  using Word = typename AccessWord<CPL * sizeof(T)>::type;
+  T v[CPL];
+
+  // p: aligned to CPL elements (the planner's check).
+  __device__ __forceinline__ void load(const T* p) {
+    const Word w = *reinterpret_cast<const Word*>(p);
+    memcpy(v, &w, sizeof(Word));
+  }
+  __device__ __forceinline__ void store(T* p) const {
+    Word w;
+    memcpy(&w, v, sizeof(Word));
+    *reinterpret_cast<Word*>(p) = w;
+  }
+  __device__ __forceinline__ void fill(float f) {
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) v[k] = from_float<T>(f);
+  }
+  // 2-byte values convert by volatile asm: the compiler converts at every use instead of keeping
+  // the converted floats of the compose pass alive for the replay (twice the registers, spills).
+  __device__ __forceinline__ float get(int k) const {
     if constexpr (sizeof(T) == 4) {
-      const float2 u = *reinterpret_cast<const float2*>(p);
-      out[0] = u.x, out[1] = u.y;
+      return to_float(v[k]);
     } else {
-      const unsigned u = *reinterpret_cast<const unsigned*>(p);
-      T pair[2];
-      *reinterpret_cast<unsigned*>(pair) = u;
-      out[0] = to_float(pair[0]), out[1] = to_float(pair[1]);
+      unsigned short bits;
+      memcpy(&bits, &v[k], 2);
+      float f;
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // the high half of a float
+        unsigned u;
+        asm volatile("mov.b32 %0, {%1, %2};" : "=r"(u) : "h"(static_cast<unsigned short>(0)), "h"(bits));
+        f = __uint_as_float(u);
+      } else {
+        asm volatile("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+      }
+      return f;
     }
   }
-}
-
-template <typename T, int CPL>
-__device__ __forceinline__ void store_channels(T* p, const float (&v)[CPL]) {
-  if constexpr (CPL == 1) {
-    *p = from_float<T>(v[0]);
-  } else if constexpr (sizeof(T) == 4) {
-    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
-  } else {
-    T pair[2] = {from_float<T>(v[0]), from_float<T>(v[1])};
-    *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(pair);
-  }
-}
+  __device__ __forceinline__ void set(int k, float f) { v[k] = from_float<T>(f); }
+};
 
 template <typename T, int CH, int ROWS, int MIN_BLOCKS, int CPL, bool kBackward>
 __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : MIN_BLOCKS)
     scan_channel_kernel(const ScanParams p, const ChannelArgs args) {
-  constexpr int kSpan = CH * ROWS;
+  constexpr int kSpan = CH * ROWS, kChannels = 32 * CPL, kThreads = 32 * ROWS;
+  using Pack = ChannelPack<T, CPL>;
+  // Channel (lane, k) of the block (sequence lane * CPL + k) sits at index k * 32 + lane: a
+  // warp's writes of one k are 32 consecutive words.
   __shared__ int64_t s_vid;
-  __shared__ float s_a[ROWS][32 * CPL], s_b[ROWS][32 * CPL];
+  __shared__ float s_a[ROWS][kChannels], s_b[ROWS][kChannels], s_state[kChannels];
   const int lane = threadIdx.x & 31, row = threadIdx.x >> 5;
   const LookbackState lb = args.lb;
   const bool lookback = args.num_chunks > 1;
@@ -71,8 +95,9 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   }
   const int64_t vid = lookback ? s_vid : blockIdx.x;
   const int64_t chunk = vid / args.num_seq_blocks;
+  const int64_t block_seq = (vid - chunk * args.num_seq_blocks) * kChannels;
   // This lane's channels: seq .. seq + CPL - 1, one step apart in every streamed operand.
-  const int64_t seq = ((vid - chunk * args.num_seq_blocks) * 32 + lane) * CPL;
+  const int64_t seq = block_seq + lane * CPL;
   const bool active = seq < p.num_seq;  // CPL > 1: num_seq is a multiple of CPL
 
   const SeqIndex si(p, active ? seq : 0);
@@ -83,36 +108,41 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   const int64_t L = p.len, ls_in = p.lstride[kIn], ls_c = p.lstride[kCoeff], ls_y = p.lstride[kOut];
   float init[CPL];
 #pragma unroll
-  for (int k = 0; k < CPL; ++k) init[k] = h0 ? to_float(h0[k * p.bstride[kInit][0]]) : 0.f;
+  for (int k = 0; k < CPL; ++k) {
+    init[k] = h0 && active ? to_float(h0[k * p.bstride[kInit][0]]) : 0.f;
+    if (row == 0) s_state[k * 32 + lane] = kBackward ? 0.f : init[k];  // read after the first barrier
+  }
   T* dx = slot_ptr<T>(p, kGradIn, si.offset(p, kGradIn));  // backward outputs (null in the forward)
   T* dc = p.accumulate_grad_coeff ? nullptr : slot_ptr<T>(p, kGradCoeff, si.offset(p, kGradCoeff));
   float* dc_acc = p.accumulate_grad_coeff ? slot_ptr<float>(p, kGradCoeff, si.offset(p, kGradCoeff)) : nullptr;
   const int64_t ls_dx = p.lstride[kGradIn], ls_dc = p.lstride[kGradCoeff];
 
-  float state[CPL];  // warp 0: state before the next span (pipe mode)
-#pragma unroll
-  for (int k = 0; k < CPL; ++k) state[k] = kBackward ? 0.f : init[k];
   for (int64_t span = 0; span < args.spans_per_block; ++span) {
     const int64_t span_t0 = (chunk * args.spans_per_block + span) * kSpan;
     if (span_t0 >= L) break;
     const int64_t t0 = span_t0 + row * CH;
     const int n = !active || t0 >= L ? 0 : static_cast<int>(L - t0 < CH ? L - t0 : CH);
-    float v[CH][CPL], c[CH][CPL], yn[CH][CPL];
+    Pack v[CH], c[CH], yn[CH];
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
       const int64_t t = t0 + i;
-#pragma unroll
-      for (int k = 0; k < CPL; ++k) v[i][k] = 0.f, c[i][k] = 1.f, yn[i][k] = 0.f;
+      v[i].fill(0.f);
+      c[i].fill(1.f);
+      if constexpr (kBackward) yn[i].fill(0.f);
       if (i < n) {
-        load_channels<T, CPL>(in + t * ls_in, v[i]);
+        v[i].load(in + t * ls_in);
         if constexpr (!kBackward) {
-          load_channels<T, CPL>(cf + t * ls_c, c[i]);
+          c[i].load(cf + t * ls_c);
         } else {
           // Step t uses c[t-1] and y[t+1] (`initial` past the end); see scan_tile.cuh.
-          if (t > 0) load_channels<T, CPL>(cf + (t - 1) * ls_c, c[i]);
-          else for (int k = 0; k < CPL; ++k) c[i][k] = 0.f;
-          if (t + 1 < L) load_channels<T, CPL>(y + (t + 1) * ls_y, yn[i]);
-          else for (int k = 0; k < CPL; ++k) yn[i][k] = init[k];
+          if (t > 0) c[i].load(cf + (t - 1) * ls_c);
+          else c[i].fill(0.f);
+          if (t + 1 < L) {
+            yn[i].load(y + (t + 1) * ls_y);
+          } else {
+#pragma unroll
+            for (int k = 0; k < CPL; ++k) yn[i].set(k, init[k]);
+          }
         }
       }
     }
@@ -120,84 +150,72 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
     for (int k = 0; k < CPL; ++k) {
       Affine agg{1.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < CH; ++i) agg = ComposeOp()(agg, Affine{c[i][k], v[i][k]});
-      s_a[row][lane * CPL + k] = agg.a;
-      s_b[row][lane * CPL + k] = agg.b;
+      for (int i = 0; i < CH; ++i) agg = ComposeOp()(agg, Affine{c[i].get(k), v[i].get(k)});
+      s_a[row][k * 32 + lane] = agg.a;
+      s_b[row][k * 32 + lane] = agg.b;
     }
     __syncthreads();
-    if (row == 0) {
+    for (int j = threadIdx.x; j < kChannels; j += kThreads) {  // one channel per thread
+      Affine total{1.f, 0.f};
 #pragma unroll
-      for (int k = 0; k < CPL; ++k) {
-        const int ch = lane * CPL + k;
-        Affine total{1.f, 0.f};
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {  // exclusive prefix of the rows, in place
-          const Affine m{s_a[r][ch], s_b[r][ch]};
-          s_a[r][ch] = total.a;
-          s_b[r][ch] = total.b;
-          total = ComposeOp()(total, m);
-        }
-        float h_in = state[k];
-        if (lookback && active) {
-          const int64_t index = chunk * p.num_seq + seq + k;
-          if (chunk > 0) {
-            lb.publish_aggregate(index, total);
-            h_in = lb.look_back(seq + k, p.num_seq, chunk);
-          }
-          lb.publish_inclusive(index, fmaf(total.a, h_in, total.b));
-        }
-        state[k] = fmaf(total.a, h_in, total.b);
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) s_b[r][ch] = fmaf(s_a[r][ch], h_in, s_b[r][ch]);
+      for (int r = 0; r < ROWS; ++r) {  // exclusive prefix of the rows, in place
+        const Affine m{s_a[r][j], s_b[r][j]};
+        s_a[r][j] = total.a;
+        s_b[r][j] = total.b;
+        total = ComposeOp()(total, m);
       }
+      float h_in = s_state[j];
+      const int64_t seq_j = block_seq + (j & 31) * CPL + (j >> 5);
+      if (lookback && seq_j < p.num_seq) {
+        const int64_t index = chunk * p.num_seq + seq_j;
+        if (chunk > 0) {
+          lb.publish_aggregate(index, total);
+          h_in = lb.look_back(seq_j, p.num_seq, chunk);
+        }
+        lb.publish_inclusive(index, fmaf(total.a, h_in, total.b));
+      }
+      s_state[j] = fmaf(total.a, h_in, total.b);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) s_b[r][j] = fmaf(s_a[r][j], h_in, s_b[r][j]);
     }
     __syncthreads();
     float h_last[CPL];
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
-      float h = s_b[row][lane * CPL + k];
+      float h = s_b[row][k * 32 + lane], g[CH];
       h_last[k] = 0.f;
 #pragma unroll
       for (int i = 0; i < CH; ++i) {
-        h = fmaf(c[i][k], h, v[i][k]);
-        v[i][k] = h;
+        h = fmaf(c[i].get(k), h, v[i].get(k));
+        if constexpr (kBackward) {  // d coeff[t] = g[t] * y[t-1] (reversed: the next y), from the unrounded g
+          g[i] = yn[i].get(k) * h;
+          if (!dc_acc) yn[i].set(k, g[i]);
+        }
+        v[i].set(k, h);
         if (i < n) h_last[k] = h;
       }
+      if (kBackward && dc_acc)
+        accumulate_steps<CH>(dc_acc + k * p.bstride[kGradCoeff][0], ls_dc, t0, n, g, /*warp_uniform_address=*/false);
     }
     if constexpr (!kBackward) {
 #pragma unroll
       for (int i = 0; i < CH; ++i)
-        if (i < n) store_channels<T, CPL>(y + (t0 + i) * ls_y, v[i]);
+        if (i < n) v[i].store(y + (t0 + i) * ls_y);
     } else {
 #pragma unroll
       for (int i = 0; i < CH; ++i) {
-#pragma unroll
-        for (int k = 0; k < CPL; ++k) yn[i][k] *= v[i][k];
-        if (i < n) store_channels<T, CPL>(dx + (t0 + i) * ls_dx, v[i]);
-      }
-      if (dc_acc) {
-#pragma unroll
-        for (int k = 0; k < CPL; ++k) {
-          float g[CH];
-#pragma unroll
-          for (int i = 0; i < CH; ++i) g[i] = yn[i][k];
-          accumulate_steps<CH>(dc_acc + k * p.bstride[kGradCoeff][0], ls_dc, t0, n, g,
-                               /*warp_uniform_address=*/false);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < CH; ++i)
-          if (i < n) store_channels<T, CPL>(dc + (t0 + i) * ls_dc, yn[i]);
+        if (i < n) v[i].store(dx + (t0 + i) * ls_dx);
+        if (i < n && !dc_acc) yn[i].store(dc + (t0 + i) * ls_dc);
       }
       if (n > 0 && t0 + n == L) {  // d initial = c[L-1] * g[L-1]
         T* dh0 = slot_ptr<T>(p, kGradInit, si.offset(p, kGradInit));
-        float cl[CPL];
-        load_channels<T, CPL>(cf + (L - 1) * ls_c, cl);
+        Pack cl;
+        cl.load(cf + (L - 1) * ls_c);
 #pragma unroll
-        for (int k = 0; k < CPL; ++k) dh0[k * p.bstride[kGradInit][0]] = from_float<T>(cl[k] * h_last[k]);
+        for (int k = 0; k < CPL; ++k) dh0[k * p.bstride[kGradInit][0]] = from_float<T>(cl.get(k) * h_last[k]);
       }
     }
-    __syncthreads();  // s_a / s_b are rewritten by the next span
+    __syncthreads();  // s_a / s_b / s_state are rewritten by the next span
   }
 }
 
