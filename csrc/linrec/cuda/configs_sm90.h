@@ -18,14 +18,15 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width)
   // 512 threads: twice the warps hide the per-tile latency (the configs are even since the
   // per-tile overheads went; 4 stayed).
   d.stream = 4;
-  // Channel groups by what measured fastest (bench/NOTES.md item 22): 16 steps of
-  // pairs for the 4-byte forward (mamba-BLD 0.96 of torch.add vs 0.94 with 4 channels), 16 steps
-  // of 4 channels for the 2-byte forward (bf16 mamba-BLD 0.84 vs 0.73 with 8, 0.59 with pairs);
-  // 4-channel groups of 4 / 8 steps for the backward (five streams: fewer registers per step).
+  // Channel groups by what measured fastest (bench/NOTES.md item 22): 16 steps of pairs for the
+  // 4-byte forward (mamba-BLD 0.96 of torch.add vs 0.94 with 4 channels), 16 steps of 4 channels
+  // for the 2-byte forward (bf16 mamba-BLD 0.84 vs 0.73 with 8, 0.59 with pairs); pairs for the
+  // 4-byte backward (4-channel groups are faster but need 32-step spans: 4x the look-back
+  // status), 8 steps of 4 channels for the 2-byte backward (fwd+bwd 0.83 vs 0.67 with pairs).
   if (!backward)
     d.channel = elem_size == 4 ? (group_width >= 2 ? 5 : 0) : (group_width >= 4 ? 5 : 0);
   else
-    d.channel = group_width >= 4 ? (elem_size == 4 ? 7 : 6) : group_width >= 2 ? 4 : 0;
+    d.channel = elem_size == 2 && group_width >= 4 ? 6 : group_width >= 2 ? 4 : 0;
   return d;
 }
 
