@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import torch_linrec
 import torch_linrec.compile as tc
+from torch_linrec.bench import selective as _bench_selective
 from torch_linrec.compile import _inductor, fusion
 from torch_linrec.selective.reference import compute_dtype, selective_scan_ref
 
@@ -352,6 +353,52 @@ def test_inductor_disabled_by_default():
 def test_private_hooks_are_where_expected():
     """Fails loudly when a torch upgrade moves the Inductor APIs of torch_linrec/compile/_inductor.py."""
     _inductor.check_hooks()
+
+
+def test_enable_matches_tangent_strides():
+    """Enabling the fusion has AOT autograd take output gradients in the outputs' layout (no copy of a
+    (B, L, D)-strided out's gradient on torch 2.11); disabling restores the user's setting."""
+    import torch._functorch.config as aot_config
+    user = aot_config.guess_tangent_strides_as_outputs
+    try:
+        for setting in (False, True):
+            aot_config.guess_tangent_strides_as_outputs = setting
+            with tc.selective_scan_fusion():
+                assert aot_config.guess_tangent_strides_as_outputs is True
+                tc.enable_selective_scan_fusion()  # again: still restores the user's value
+            assert aot_config.guess_tangent_strides_as_outputs is setting
+    finally:
+        aot_config.guess_tangent_strides_as_outputs = user
+
+
+def test_bld_backward_takes_out_layout_gradient():
+    """(B, L, D) views through the rewritten graph: the backward graph's output gradient keeps out's
+    (B, L, D) strides (no transposing copy before the fused backward)."""
+    import torch._functorch.config as aot_config
+    case = _bench_selective.Case("t", 2, 16, 24, 4, torch.float32, "BLD")
+    inp = _bench_selective.make_inputs(case, "cpu")
+    names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    args = [inp[k].detach().requires_grad_() for k in names]
+    seen = []
+
+    def backend(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def bw(g, inputs):
+            seen.extend(n.meta["val"].stride() for n in g.graph.nodes
+                        if n.op == "placeholder" and n.name.startswith("tangents"))
+            return g
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, i: g, bw_compiler=bw)
+
+    with tc.selective_scan_fusion():
+        def fused_backend(gm, example_inputs):  # the pass itself runs only under Inductor
+            assert tc.fuse_selective_scan(gm) == 1
+            gm.recompile()
+            return backend(gm, example_inputs)
+        out = torch.compile(_bench_selective.unfused_selective_scan, backend=fused_backend, fullgraph=True)(*args)
+        assert aot_config.guess_tangent_strides_as_outputs
+        torch.autograd.grad(out, args, torch.randn_like(out))
+    assert seen == [out.stride()], seen
 
 
 def test_enable_keeps_other_passes():

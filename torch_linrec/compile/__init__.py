@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 FUSION_COUNTER, SKIPPED_COUNTER = "selective_scan_fusion", "selective_scan_fusion_skipped"
 _stats: collections.Counter = collections.Counter()
 _pass = None
+_tangent_strides_before: bool | None = None  # the AOT setting enable_selective_scan_fusion changed
 
 
 def fused_op_available() -> bool:
@@ -118,16 +119,29 @@ def enable_selective_scan_fusion() -> None:
     Other pre-grad custom passes already set stay, and run before this one. Calling it again has no
     effect. The rewrite only happens once ``torch.ops.linrec.selective_scan`` is registered.
 
+    It also has AOT autograd expect output gradients in the outputs' layout (torch 2.13's default,
+    off in torch 2.11): else the gradient of the fused op's ``(B, L, D)``-strided ``out`` is copied
+    to a contiguous layout first (:mod:`._inductor` says more). :func:`disable_selective_scan_fusion`
+    restores the setting.
+
     Raises:
         RuntimeError: this torch moved the Inductor hook the pass needs (the message names it).
     """
+    global _tangent_strides_before
     _inductor.install(_fusion_pass())
+    if _tangent_strides_before is None:
+        _tangent_strides_before = _inductor.match_tangent_strides(True)
 
 
 def disable_selective_scan_fusion() -> None:
-    """Turns the selective-scan fusion off (graphs compiled before keep their rewrite)."""
+    """Turns the selective-scan fusion off (graphs compiled before keep their rewrite) and restores
+    the AOT autograd setting :func:`enable_selective_scan_fusion` changed."""
+    global _tangent_strides_before
     if _pass is not None:
         _inductor.uninstall(_pass)
+    if _tangent_strides_before is not None:
+        _inductor.match_tangent_strides(_tangent_strides_before)
+        _tangent_strides_before = None
 
 
 def is_selective_scan_fusion_enabled() -> bool:

@@ -12,6 +12,13 @@ torch 2.11 and 2.13, with two differences handled here:
 * torch 2.13 runs a pass that has a ``uuid()`` after the AOT autograd cache lookup ("late"), so a
   warm cache skips the pass (its result is in the cached artifact); torch 2.11 runs it before.
 
+The tangent strides: ``torch._functorch.config.guess_tangent_strides_as_outputs``. AOT autograd
+traces the backward for incoming gradients of the forward outputs' strides when it is on (torch
+2.13's default), else for contiguous ones (torch 2.11's), and copies every gradient that differs.
+The fused op returns ``out`` in its input's layout; for Mamba's ``(B, L, D)`` views that copy, a
+transpose of ``out``'s gradient, made the rewritten graph's backward 18% slower than the fused op's
+on the H100. :func:`match_tangent_strides` turns it on while the fusion is enabled.
+
 :func:`check_hooks` fails loudly (RuntimeError) if a torch upgrade moves any of these.
 """
 from __future__ import annotations
@@ -24,18 +31,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["HOOK", "check_hooks", "make_pass", "install", "uninstall", "is_installed", "record", "known_equal",
+__all__ = ["HOOK", "TANGENT_STRIDES", "check_hooks", "match_tangent_strides", "make_pass", "install", "uninstall", "is_installed", "record", "known_equal",
            "example_value", "op_name", "bind", "side_effect", "set_meta", "SILU_KERNELS"]
 
 HOOK = "torch._inductor.config.pre_grad_custom_pass"
+TANGENT_STRIDES = "torch._functorch.config.guess_tangent_strides_as_outputs"
 
 try:
     from torch._inductor import config as _config
     from torch._inductor import custom_graph_pass as _custom_graph_pass
     from torch._inductor.fx_passes import pre_grad as _pre_grad
+    from torch._functorch import config as _aot_config
     _IMPORT_ERROR: ImportError | None = None
 except ImportError as error:  # a torch that moved the modules: check_hooks reports it
-    _config = _custom_graph_pass = _pre_grad = None
+    _config = _custom_graph_pass = _pre_grad = _aot_config = None
     _IMPORT_ERROR = error
 
 from torch.fx.experimental.symbolic_shapes import statically_known_true  # noqa: E402
@@ -59,6 +68,8 @@ def check_hooks() -> None:
         raise RuntimeError(f"Inductor's custom pass modules moved: {_IMPORT_ERROR} {where}")
     if not hasattr(_config, "pre_grad_custom_pass"):
         raise RuntimeError(f"{HOOK} no longer exists {where}")
+    if not isinstance(getattr(_aot_config, "guess_tangent_strides_as_outputs", None), bool):
+        raise RuntimeError(f"{TANGENT_STRIDES} no longer exists {where}")
     if not hasattr(_custom_graph_pass, "CustomGraphPass"):
         raise RuntimeError(f"torch._inductor.custom_graph_pass.CustomGraphPass no longer exists {where}")
     runner = getattr(_pre_grad, "pre_grad_passes", None)
@@ -160,6 +171,18 @@ def uninstall(custom_pass: Callable) -> None:
     """Removes ``custom_pass`` from the pre-grad custom passes, keeping the others."""
     if is_installed(custom_pass):
         _set_passes([p for p in _passes() if p is not custom_pass])
+
+
+def match_tangent_strides(enabled: bool) -> bool:
+    """Sets :data:`TANGENT_STRIDES` (see the module's docstring); returns its previous value.
+
+    Raises:
+        RuntimeError: the setting moved (see :func:`check_hooks`).
+    """
+    check_hooks()
+    before = _aot_config.guess_tangent_strides_as_outputs
+    _aot_config.guess_tangent_strides_as_outputs = enabled
+    return before
 
 
 def record(name: str, count: int) -> None:
