@@ -21,7 +21,7 @@ def with_cuda() -> bool:
 
 
 def sources(*patterns: str) -> list:
-    return sorted(f for p in patterns for f in glob.glob(p, recursive=True))
+    return sorted({f for p in patterns for f in glob.glob(p, recursive=True)})  # a file two patterns match once
 
 
 def openmp_flags() -> list:

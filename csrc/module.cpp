@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/host_pool.h"
 #include "linrec/cuda/configs.h"
 #include "linrec/tuned.h"
 
@@ -105,12 +106,33 @@ PyObject* clear_scan_tuned(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// _C.host_pool_stats() -> (hits, misses, idle_bytes, limit_bytes) (common/host_pool.h).
+PyObject* host_pool_stats(PyObject*, PyObject*) {
+  const linrec::HostPoolStats s = linrec::host_pool_stats();
+  return Py_BuildValue("(LLLL)", static_cast<long long>(s.hits), static_cast<long long>(s.misses),
+                       static_cast<long long>(s.idle_bytes), static_cast<long long>(s.limit_bytes));
+}
+
+// _C.set_host_pool_limit(bytes): the most idle bytes the host pool keeps (0: none).
+PyObject* set_host_pool_limit(PyObject*, PyObject* arg) {
+  const long long bytes = PyLong_AsLongLong(arg);
+  if (bytes == -1 && PyErr_Occurred()) return nullptr;
+  if (bytes < 0) {
+    PyErr_SetString(PyExc_ValueError, "set_host_pool_limit: bytes must be >= 0");
+    return nullptr;
+  }
+  linrec::set_host_pool_limit(bytes);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"scan_cuda_configs", scan_cuda_configs, METH_O, "Names of the compiled CUDA scan configs for an element size."},
     {"scan_bucket_key", scan_bucket_key, METH_VARARGS, "The tuned cache's key of a scan problem."},
     {"scan_layout_class", scan_layout_class, METH_VARARGS, "The layout class of a scan problem."},
     {"set_scan_tuned", set_scan_tuned, METH_VARARGS, "Sets the tuned configs that config 'auto' reads on a device."},
     {"clear_scan_tuned", clear_scan_tuned, METH_NOARGS, "Forgets every device's tuned configs."},
+    {"host_pool_stats", host_pool_stats, METH_NOARGS, "Counts of the host pool of the CPU backward's outputs."},
+    {"set_host_pool_limit", set_host_pool_limit, METH_O, "Sets the most idle bytes the host pool keeps."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -213,10 +213,15 @@ def poison_allocator(t_like: torch.Tensor, copies: int = 4) -> None:
     """Fills freed memory with NaN so that an output the kernel leaves unwritten likely shows NaN.
 
     Allocates and frees NaN-filled blocks of the byte size of ``t_like``; the CUDA caching allocator
-    (and often the CPU one) hands the same blocks to the next allocations of that size.
+    (and often the CPU one) hands the same blocks to the next allocations of that size. On the CPU
+    the backward's outputs come from the pool of :func:`torch_linrec.cpu_pool_stats`: NaN-filled
+    blocks are left there too, as outputs of the CPU backward of a NaN gradient.
     """
     n = max(1, t_like.numel())
     bufs = [torch.full((n,), float("nan"), dtype=t_like.dtype, device=t_like.device) for _ in range(copies)]
+    if t_like.device.type == "cpu" and t_like.is_floating_point():
+        one = torch.ones(n, dtype=t_like.dtype)
+        bufs += [torch.ops.linrec.scan_backward(bufs[0], one, one, None, 0, False, None) for _ in range(copies // 2)]
     del bufs
 
 

@@ -1,12 +1,15 @@
 """The CPU kernel's paths against float64 references: the walk kernel ((N, L) rows contiguous along
 L, 8 or 16 steps per vector, partial vectors at both ends), the rows kernel ((B, L, D) with
-contiguous channels, remainder channels), the strided fallback, power-of-two lengths, and long
-sequences split along L across threads (chained scan)."""
+contiguous channels, remainder channels), the strided fallback, power-of-two lengths, long
+sequences split along L across threads (chained scan), and the pool of the backward's outputs."""
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
+import torch_linrec
 from samples import TOL, assert_close_scaled, poison_allocator
 from torch_linrec import chunked_scan, scan_backward_ref
 
@@ -114,3 +117,103 @@ def test_layouts_agree_to_the_bit(dtype):
         materialised = scan_backward_op(gy.contiguous(), c, y, h0, dim, False, None)
         for a, b in zip(expanded, materialised):
             assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------------ output pool
+# The CPU backward's grad_x and grad_coeffs take their storage from a pool of blocks freed by
+# earlier outputs (csrc/common/host_pool.cpp). 512 x 512 float32: 1 MiB blocks, which it keeps.
+POOL_SHAPE = (512, 512)
+
+
+@pytest.fixture
+def pool():
+    """The pool at its default limit with zeroed counts; the default limit again afterwards."""
+    default = torch_linrec.cpu_pool_stats()["limit_bytes"]
+    torch_linrec.set_cpu_pool_limit(default)
+    yield default
+    torch_linrec.set_cpu_pool_limit(default)
+
+
+def _backward(seed=0):
+    x, c, gy, _ = _inputs(POOL_SHAPE, -1, torch.float32, False, seed)
+    y = scan_op(x, c, None, -1, False, None, None)
+    return gy, c, y, scan_backward_op(gy, c, y, None, -1, False, None)
+
+
+def _expected(gy, c, y):
+    f64 = (lambda t: t.to(torch.float64))
+    return scan_backward_ref(f64(gy), f64(c), f64(y), None, -1, False, scan=chunked_scan)
+
+
+def test_pool_recycles_freed_outputs(pool):
+    _, _, _, (dx, dc, _) = _backward()
+    first = {dx.data_ptr(), dc.data_ptr()}
+    del dx, dc
+    assert torch_linrec.cpu_pool_stats()["idle_bytes"] >= 2 * 2**20
+    gy, c, y, (dx, dc, _) = _backward(seed=1)
+    assert {dx.data_ptr(), dc.data_ptr()} == first
+    stats = torch_linrec.cpu_pool_stats()
+    assert stats["hits"] >= 2 and stats["misses"] >= 2, stats
+    dx_ref, dc_ref, _ = _expected(gy, c, y)
+    assert_close_scaled(dx, dx_ref, torch.float32, "grad_x")
+    assert_close_scaled(dc, dc_ref, torch.float32, "grad_coeffs")
+
+
+def test_pool_never_hands_out_live_outputs(pool):
+    _, _, _, (dx, dc, _) = _backward()
+    kept = (dx.clone(), dc.clone())
+    for seed in (1, 2):
+        _, _, _, (dx2, dc2, _) = _backward(seed)
+        assert not {dx2.data_ptr(), dc2.data_ptr()} & {dx.data_ptr(), dc.data_ptr()}
+        del dx2, dc2
+    torch.testing.assert_close(dx, kept[0], rtol=0, atol=0)
+    torch.testing.assert_close(dc, kept[1], rtol=0, atol=0)
+
+
+def test_pooled_grads_accumulate_and_take_inplace_ops(pool):
+    x, c, gy, _ = _inputs(POOL_SHAPE, -1, torch.float32, False)
+    xg, cg = x.requires_grad_(), c.requires_grad_()
+    y = torch_linrec.scan(xg, cg)
+    dx_ref, dc_ref, _ = _expected(gy, cg.detach(), y.detach())
+    y.backward(gy)
+    stats = torch_linrec.cpu_pool_stats()
+    assert stats["hits"] + stats["misses"] >= 2, stats  # .grad holds the pool's blocks
+    torch_linrec.scan(xg, cg).backward(gy)  # accumulated into them
+    assert_close_scaled(xg.grad, 2 * dx_ref, torch.float32, "grad_x accumulated")
+    assert_close_scaled(cg.grad, 2 * dc_ref, torch.float32, "grad_coeffs accumulated")
+    xg.grad.mul_(0.5).add_(1.0)
+    assert_close_scaled(xg.grad, dx_ref + 1.0, torch.float32, "grad_x after in-place ops")
+    cg.grad.resize_(2 * cg.numel())  # a pooled storage resizes like any CPU storage
+    cg.grad[cg.numel():] = 3.0
+    assert_close_scaled(cg.grad[:cg.numel()].view(POOL_SHAPE), 2 * dc_ref, torch.float32, "grad_coeffs resized")
+    idle = torch_linrec.cpu_pool_stats()["idle_bytes"]
+    xg.grad = cg.grad = None  # optimizer.zero_grad(set_to_none=True): the blocks return to the pool
+    assert torch_linrec.cpu_pool_stats()["idle_bytes"] > idle
+
+
+def test_pool_takes_blocks_freed_on_other_threads(pool):
+    outs = [_backward(seed)[3] for seed in range(2)]
+    idle = torch_linrec.cpu_pool_stats()["idle_bytes"]
+    worker = threading.Thread(target=outs.clear)
+    worker.start()
+    worker.join()
+    assert torch_linrec.cpu_pool_stats()["idle_bytes"] >= idle + 4 * 2**20
+
+
+def test_pool_limit(pool):
+    assert pool == 64 * 2**20
+    _backward()
+    torch_linrec.set_cpu_pool_limit(0)  # off: idle blocks released, freed outputs not kept
+    assert torch_linrec.cpu_pool_stats() == {"hits": 0, "misses": 0, "idle_bytes": 0, "limit_bytes": 0}
+    gy, c, y, (dx, dc, _) = _backward()
+    del dx, dc
+    assert torch_linrec.cpu_pool_stats()["idle_bytes"] == 0
+    torch_linrec.set_cpu_pool_limit(3 * 2**20)  # keeps blocks up to 1.5 MiB, 3 MiB of them
+    outs = [_backward(seed)[3] for seed in range(3)]
+    del outs
+    assert 2 * 2**20 <= torch_linrec.cpu_pool_stats()["idle_bytes"] <= 3 * 2**20
+    torch_linrec.set_cpu_pool_limit(2 * 2**20 - 1)  # 1 MiB blocks are now more than half of it
+    assert torch_linrec.cpu_pool_stats()["idle_bytes"] == 0
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="nbytes"):
+            torch_linrec.set_cpu_pool_limit(bad)

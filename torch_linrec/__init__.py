@@ -19,7 +19,9 @@ from .linrec.reference import chunked_scan, scan_backward_ref, scan_ref  # noqa:
 from .selective import (selective_scan, selective_scan_fn, selective_scan_ref,  # noqa: E402
                         selective_state_update)
 from .logscan import log_scan, log_scan_ref  # noqa: E402
+from ._library import cpu_pool_stats, set_cpu_pool_limit  # noqa: E402
 
 __all__ = ["scan", "scan_ref", "scan_backward_ref", "chunked_scan", "use_backend", "get_backend",
            "available_backends", "config_names", "BACKENDS", "selective_scan", "selective_scan_fn",
-           "selective_state_update", "selective_scan_ref", "log_scan", "log_scan_ref"]
+           "selective_state_update", "selective_scan_ref", "log_scan", "log_scan_ref", "cpu_pool_stats",
+           "set_cpu_pool_limit"]

@@ -9,7 +9,8 @@ import torch
 
 from . import _C
 
-__all__ = ["HAS_CUDA_KERNELS", "scan_cuda_configs", "document_op", "build_info"]
+__all__ = ["HAS_CUDA_KERNELS", "scan_cuda_configs", "document_op", "build_info", "cpu_pool_stats",
+           "set_cpu_pool_limit"]
 
 HAS_CUDA_KERNELS: bool = torch._C._dispatch_has_kernel_for_dispatch_key("linrec::scan", "CUDA")
 
@@ -39,3 +40,43 @@ def document_op(name: str, doc: str) -> None:
     packet.__doc__ = doc
     for overload in packet.overloads():
         getattr(packet, overload).__doc__ = doc
+
+
+def cpu_pool_stats() -> dict[str, int]:
+    """Counts of the pool that recycles the memory of the CPU backward's outputs.
+
+    On the CPU, ``linrec.scan_backward`` (the backward of :func:`torch_linrec.scan`) takes the storage
+    of ``grad_x`` and ``grad_coeffs`` from a small per-process pool of blocks freed by earlier outputs
+    of about their size, and a freed output's block goes back to it. glibc malloc would otherwise
+    return the memory to the system between training steps and page-fault it in again on the next
+    step, which costs as much as the backward's kernel (bench/NOTES.md item 22). The pool holds at
+    most :func:`set_cpu_pool_limit`'s bytes idle; the outputs' storage is an ordinary, resizable CPU
+    storage.
+
+    Returns:
+        ``{"hits": int, "misses": int, "idle_bytes": int, "limit_bytes": int}``: allocations served by
+        an idle block and allocations of a new block (of a size the pool keeps) since the last
+        :func:`set_cpu_pool_limit`, the bytes held idle now, and the most it holds.
+    """
+    hits, misses, idle, limit = _C.host_pool_stats()
+    return {"hits": hits, "misses": misses, "idle_bytes": idle, "limit_bytes": limit}
+
+
+def set_cpu_pool_limit(nbytes: int) -> None:
+    """Sets the most bytes the CPU output pool (:func:`cpu_pool_stats`) holds idle; resets its counts.
+
+    Default 64 MiB, the most that glibc's own trim threshold lets its heap keep. Blocks of more than
+    half the limit are not kept (the default keeps blocks up to 32 MiB, the largest glibc serves
+    from its heap; larger ones glibc maps anew for every allocation, ``torch.add``'s output
+    included). Blocks of less than 128 KiB are never kept. ``0`` turns the pool off: every idle
+    block is released at once, and outputs in use are released when freed.
+
+    Args:
+        nbytes: an int >= 0.
+
+    Raises:
+        ValueError: ``nbytes`` is not an int or is negative.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"set_cpu_pool_limit: nbytes must be an int >= 0, got {nbytes!r}")
+    _C.set_host_pool_limit(nbytes)

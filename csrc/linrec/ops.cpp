@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../common/errors.h"
+#include "../common/host_pool.h"
 #include "../common/layout.h"
 #include "tuned.h"
 
@@ -234,8 +235,9 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, cons
   const bool broadcast_c = coeffs.sizes() != y.sizes();
   const bool deterministic = at::globalContext().deterministicAlgorithms();
   const bool accumulate = broadcast_c && y.is_cuda() && !deterministic;
-  Tensor grad_x = at::empty_like(y);
-  Tensor grad_c = accumulate ? at::zeros(coeffs.sizes(), y.options().dtype(at::kFloat)) : at::empty_like(y);
+  // CPU: the outputs' blocks are recycled (common/host_pool.cpp: glibc would page-fault them in again).
+  Tensor grad_x = empty_like_pooled(y);
+  Tensor grad_c = accumulate ? at::zeros(coeffs.sizes(), y.options().dtype(at::kFloat)) : empty_like_pooled(y);
   const Tensor grad_c_view = accumulate ? grad_c.expand(y.sizes()) : grad_c;
   Tensor grad_h0 = at::empty(batch_shape(y, d), y.options());
   if (y.size(d) == 0) {
