@@ -18,7 +18,7 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width)
   // 512 threads: twice the warps hide the per-tile latency (the configs are even since the
   // per-tile overheads went; 4 stayed).
   d.stream = 4;
-  // Channel groups by what measured fastest (bench/NOTES.md item 22): 16 steps of pairs for the
+  // Channel groups by what measured fastest (bench/NOTES.md item 23): 16 steps of pairs for the
   // 4-byte forward (mamba-BLD 0.96 of torch.add vs 0.94 with 4 channels), 16 steps of 4 channels
   // for the 2-byte forward (bf16 mamba-BLD 0.84 vs 0.73 with 8, 0.59 with pairs); pairs for the
   // 4-byte backward (4-channel groups are faster but need 32-step spans: 4x the look-back
