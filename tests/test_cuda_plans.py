@@ -276,8 +276,8 @@ _BLD = [((2, 1000, 64), 0), ((3, 4100, 130), 0), ((2, 333, 2), 0), ((2, 1000, 65
 
 
 def _channel_group(name: str) -> int:
-    tail = name.rsplit(".", 1)[-1]
-    return 2 if tail.endswith("p2") else int(tail[-1]) if tail[-2] == "c" else 1
+    fields = name.split(".")[1]  # e.g. "s8r8b2c4" of "channel.s8r8b2c4.pipe"
+    return 2 if fields.endswith("p2") else int(fields[-1]) if fields[-2] == "c" else 1
 
 
 def _groups_apply(name: str, D: int, offset: int) -> bool:
@@ -299,6 +299,27 @@ def test_channel_kernel_configs(case, reverse, dtype, config):
     (fwd, bwd), = check_configs(x, c, h0, 1, reverse, dtype, [name]).values()
     expect = _groups_apply(name, D, offset)
     assert (fwd, bwd) == (expect, expect), (name, offset, fwd, bwd)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
+def test_channel_kernel_pipe_prefetch(reverse, dtype):
+    """The prefetching configs (".pipe") where their blocks walk L (enough channel blocks for a wave,
+    and under deterministic algorithms): the next span's loads overlap the current one's scan."""
+    names = [n for n in _names("channel", _elem_size(dtype)) if n.endswith(".pipe")]
+    assert names
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(2, 301, 17408, generator=g, device="cuda").to(dtype)  # 272 blocks of 128 channels
+    c = torch.empty_like(x, dtype=torch.float32).uniform_(0.9, 1.0, generator=g).to(dtype)
+    h0 = torch.randn(2, 17408, generator=g, device="cuda").to(dtype)
+    for name in names:
+        check_against_cpu_kernel(x, c, h0, 1, reverse, dtype, name, name)
+    torch.use_deterministic_algorithms(True)
+    try:
+        for name in names:
+            check_against_cpu_kernel(x[:, :, :640], c[:, :, :640], h0[:, :640], 1, reverse, dtype, name, name)
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.parametrize("coeffs_shape", [(64,), (2, 1, 64), (1, 1000, 1)], ids=["D", "B1D", "1L1"])

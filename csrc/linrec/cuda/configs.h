@@ -41,6 +41,7 @@ constexpr TileConfig tile_config(int elem_size, int i) {
 struct ChannelConfig {
   const char* name;
   int steps, rows, min_blocks, cpl;
+  bool prefetch = false;  // forward: a block walking its channels along L loads the next span early
   constexpr int threads() const { return 32 * rows; }
   constexpr int64_t span() const { return int64_t(steps) * rows; }
   constexpr int64_t channels() const { return 32 * cpl; }
@@ -51,12 +52,14 @@ struct ChannelConfig {
 constexpr ChannelConfig kChannelConfigs4B[] = {
     {"channel.s16r8b2", 16, 8, 2, 1},     {"channel.s16r4b5", 16, 4, 5, 1},  {"channel.s32r4b3", 32, 4, 3, 1},
     {"channel.s32r2b6", 32, 2, 6, 1},     {"channel.s8r16b1p2", 8, 16, 1, 2}, {"channel.s16r8b2p2", 16, 8, 2, 2},
-    {"channel.s8r8b2c4", 8, 8, 2, 4},     {"channel.s4r8b3c4", 4, 8, 3, 4},  {"channel.s16r4b2c4", 16, 4, 2, 4}};
+    {"channel.s8r8b2c4", 8, 8, 2, 4},     {"channel.s4r8b3c4", 4, 8, 3, 4},  {"channel.s16r4b2c4", 16, 4, 2, 4},
+    {"channel.s8r16b1p2.pipe", 8, 16, 1, 2, true}, {"channel.s4r8b2c4.pipe", 4, 8, 2, 4, true}};
 constexpr ChannelConfig kChannelConfigs2B[] = {
     {"channel.s16r8b2", 16, 8, 2, 1},     {"channel.s16r4b5", 16, 4, 5, 1},  {"channel.s32r4b3", 32, 4, 3, 1},
     {"channel.s32r2b6", 32, 2, 6, 1},     {"channel.s8r16b1p2", 8, 16, 1, 2}, {"channel.s16r8b2c4", 16, 8, 2, 4},
-    {"channel.s8r8b2c4", 8, 8, 2, 4},     {"channel.s16r4b3c4", 16, 4, 3, 4}, {"channel.s8r8b2c8", 8, 8, 2, 8}};
-constexpr int kNumChannelConfigs = 9;
+    {"channel.s8r8b2c4", 8, 8, 2, 4},     {"channel.s16r4b3c4", 16, 4, 3, 4}, {"channel.s8r8b2c8", 8, 8, 2, 8},
+    {"channel.s8r8b2c4.pipe", 8, 8, 2, 4, true}, {"channel.s4r8b3c4.pipe", 4, 8, 3, 4, true}};
+constexpr int kNumChannelConfigs = 11;
 constexpr ChannelConfig channel_config(int elem_size, int i) {
   return elem_size == 2 ? kChannelConfigs2B[i] : kChannelConfigs4B[i];
 }

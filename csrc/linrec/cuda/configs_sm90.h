@@ -9,6 +9,7 @@ struct ScanDefaults {
   int tile_lookback;  // tile config when a sequence spans blocks chained by look-back
   int stream;         // stream config, or -1: no stream kernel
   int channel;        // channel config
+  int channel_pipe;   // forward: channel config when its blocks walk L (enough channel blocks), or -1
 };
 
 inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width) {
@@ -27,6 +28,9 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width)
     d.channel = elem_size == 4 ? (group_width >= 2 ? 5 : 0) : (group_width >= 4 ? 5 : 0);
   else
     d.channel = elem_size == 2 && group_width >= 4 ? 6 : group_width >= 2 ? 4 : 0;
+  // Prefetching blocks that walk L need no look-back: bf16 mamba-BLD forward 0.94 vs 0.87, float32
+  // 0.97 vs 0.96 (8 steps of 4 channels / pairs, the next span's loads issued before the scan).
+  d.channel_pipe = backward ? -1 : elem_size == 2 ? (group_width >= 4 ? 9 : -1) : (group_width >= 2 ? 9 : -1);
   return d;
 }
 

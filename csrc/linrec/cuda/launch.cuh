@@ -66,7 +66,7 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
       return with_config<kNumChannelConfigs>(plan.config, [&](auto i) {
         constexpr ChannelConfig cfg = channel_config(sizeof(T), i);
         const ChannelArgs args{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, cfg.channels()), lb};
-        scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, kBackward>
+        scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, cfg.prefetch, kBackward>
             <<<plan.grid, cfg.threads(), 0, stream>>>(p, args);
         return cudaGetLastError();
       });

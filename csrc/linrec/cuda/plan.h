@@ -177,19 +177,25 @@ inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int 
   plan.bulk_mask = cfg.bulk_store ? plan.vec_mask & outs : 0u;
 }
 
+// Whether the channel blocks of config `cfg` walk L one span after the other ("pipe", no
+// look-back): when they alone fill two waves (3/4 of one for a prefetching forward config, whose
+// blocks keep their loads in flight along L).
+inline bool channel_pipe(const ScanParams& p, const DeviceInfo& dev, const ChannelConfig& cfg) {
+  const int64_t seq_blocks = ceil_div(p.num_seq, cfg.channels());
+  const int64_t resident_blocks = dev.num_sms * cfg.min_blocks;
+  return cfg.prefetch && !p.backward ? 4 * seq_blocks >= 3 * resident_blocks : seq_blocks >= 2 * resident_blocks;
+}
+
 inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config) {
   const ChannelConfig cfg = channel_config(elem_size, config);
   plan.kind = ScanKind::kChannel;
   plan.config = config;
   const int64_t spans = ceil_div(p.len, cfg.span());
   const int64_t seq_blocks = ceil_div(p.num_seq, cfg.channels());
-  const int64_t resident_blocks = dev.num_sms * cfg.min_blocks;
-  // Pipe along L inside each block only when the channel blocks alone fill two waves; else every
-  // span is its own block, chained by look-back.
-  if (spans == 1 || seq_blocks >= 2 * resident_blocks || p.deterministic) {
+  if (spans == 1 || channel_pipe(p, dev, cfg) || p.deterministic) {
     plan.num_chunks = 1;
     plan.per_chunk = spans;
-  } else {
+  } else {  // every span its own block, chained by look-back
     plan.num_chunks = spans;
     plan.per_chunk = 1;
   }
@@ -212,7 +218,10 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
   const bool channel = is_channel_layout(p);
   const ScanDefaults def = device_defaults(dev, elem_size, p.backward, channel ? channel_group_width(p, elem_size) : 1);
   if (channel) {
-    plan_channel(plan, p, elem_size, dev, req.index >= 0 ? req.index : def.channel);
+    int config = req.index >= 0 ? req.index : def.channel;
+    if (req.index < 0 && def.channel_pipe >= 0 && channel_pipe(p, dev, channel_config(elem_size, def.channel_pipe)))
+      config = def.channel_pipe;
+    plan_channel(plan, p, elem_size, dev, config);
   } else {
     plan.vec_mask = vector_slots(p, elem_size);
     if (req.index >= 0 && req.kind == ScanKind::kStream) {

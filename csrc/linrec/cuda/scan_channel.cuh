@@ -77,7 +77,7 @@ struct ChannelPack {
   __device__ __forceinline__ void set(int k, float f) { v[k] = from_float<T>(f); }
 };
 
-template <typename T, int CH, int ROWS, int MIN_BLOCKS, int CPL, bool kBackward>
+template <typename T, int CH, int ROWS, int MIN_BLOCKS, int CPL, bool kPrefetch, bool kBackward>
 __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : MIN_BLOCKS)
     scan_channel_kernel(const ScanParams p, const ChannelArgs args) {
   constexpr int kSpan = CH * ROWS, kChannels = 32 * CPL, kThreads = 32 * ROWS;
@@ -117,12 +117,9 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   float* dc_acc = p.accumulate_grad_coeff ? slot_ptr<float>(p, kGradCoeff, si.offset(p, kGradCoeff)) : nullptr;
   const int64_t ls_dx = p.lstride[kGradIn], ls_dc = p.lstride[kGradCoeff];
 
-  for (int64_t span = 0; span < args.spans_per_block; ++span) {
-    const int64_t span_t0 = (chunk * args.spans_per_block + span) * kSpan;
-    if (span_t0 >= L) break;
-    const int64_t t0 = span_t0 + row * CH;
-    const int n = !active || t0 >= L ? 0 : static_cast<int>(L - t0 < CH ? L - t0 : CH);
-    Pack v[CH], c[CH], yn[CH];
+  // A thread's CH steps of one span from t0 (n of them valid); the backward's c[t-1] and y[t+1]
+  // (`initial` past the end), see scan_tile.cuh.
+  const auto load_span = [&](int64_t t0, int n, Pack(&v)[CH], Pack(&c)[CH], Pack(&yn)[CH]) {
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
       const int64_t t = t0 + i;
@@ -134,7 +131,6 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
         if constexpr (!kBackward) {
           c[i].load(cf + t * ls_c);
         } else {
-          // Step t uses c[t-1] and y[t+1] (`initial` past the end); see scan_tile.cuh.
           if (t > 0) c[i].load(cf + (t - 1) * ls_c);
           else c[i].fill(0.f);
           if (t + 1 < L) {
@@ -145,6 +141,38 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
           }
         }
       }
+    }
+  };
+  const auto span_steps = [&](int64_t span, int64_t* t0) {
+    *t0 = (chunk * args.spans_per_block + span) * kSpan + row * CH;
+    return !active || *t0 >= L ? 0 : static_cast<int>(L - *t0 < CH ? L - *t0 : CH);
+  };
+  // kPrefetch (forward, pipe mode): the next span's loads are issued before this span's compose,
+  // so a block walking its channels along L keeps its loads in flight across the span's barriers.
+  constexpr bool kDoubleBuffer = kPrefetch && !kBackward;
+  Pack pv[kDoubleBuffer ? CH : 1], pc[kDoubleBuffer ? CH : 1];
+  if constexpr (kDoubleBuffer) {
+    int64_t t0;
+    const int n = span_steps(0, &t0);
+    load_span(t0, n, pv, pc, pv);
+  }
+
+  for (int64_t span = 0; span < args.spans_per_block; ++span) {
+    const int64_t span_t0 = (chunk * args.spans_per_block + span) * kSpan;
+    if (span_t0 >= L) break;
+    int64_t t0;
+    const int n = span_steps(span, &t0);
+    Pack v[CH], c[CH], yn[CH];
+    if constexpr (kDoubleBuffer) {
+#pragma unroll
+      for (int i = 0; i < CH; ++i) v[i] = pv[i], c[i] = pc[i];
+      if (span + 1 < args.spans_per_block) {
+        int64_t t1;
+        const int n1 = span_steps(span + 1, &t1);
+        load_span(t1, n1, pv, pc, pv);
+      }
+    } else {
+      load_span(t0, n, v, c, yn);
     }
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
