@@ -93,44 +93,49 @@ struct Walk {
   static int64_t at(int64_t u) { return S > 0 ? u : -u - 7; }
 
   // Lanes shifted K walk steps later within each 128-bit half (one in-lane byte shift); the first
-  // K steps of each half take `fill`.
+  // K steps of each half take zero (the byte shift's own fill), or `fill`.
+  template <int K>
+  LINREC_AVX2 static __m256 shift_in_half(__m256 v) {
+    const __m256i w = _mm256_castps_si256(v);
+    return _mm256_castsi256_ps(S > 0 ? _mm256_slli_si256(w, 4 * K) : _mm256_srli_si256(w, 4 * K));
+  }
   template <int K>
   LINREC_AVX2 static __m256 shift_in_half(__m256 v, __m256 fill) {
-    const __m256i w = _mm256_castps_si256(v);
-    const __m256 moved = _mm256_castsi256_ps(S > 0 ? _mm256_slli_si256(w, 4 * K) : _mm256_srli_si256(w, 4 * K));
     constexpr int mask = S > 0 ? (K == 1 ? 0x11 : 0x33) : (K == 1 ? 0x88 : 0xcc);
-    return _mm256_blend_ps(moved, fill, mask);
+    return _mm256_blend_ps(shift_in_half<K>(v), fill, mask);
   }
 
-  // The last walk step of the first half (lane 3 or 4) in every lane of the second half, `fill`
-  // in the first.
-  LINREC_AVX2 static __m256 first_half_last(__m256 v, __m256 fill) {
-    const __m256 b = _mm256_permute_ps(v, S > 0 ? 0xff : 0x00);
-    return S > 0 ? _mm256_permute2f128_ps(b, fill, 0x02) : _mm256_permute2f128_ps(b, fill, 0x31);
+  // The carry between the two halves of a vector whose halves hold consecutive runs of 4 walk
+  // steps, each scanned locally ((c, x): coefficient product and state from a zero state). The
+  // first run's totals go out through memory and come back as broadcast loads: the load ports are
+  // idle, the shuffle pipes are the walk's bottleneck (3 cross-half shuffles per carry before).
+  // tc, tx: the first run's totals (c, x) in the second half's lanes, (1, 0) in the first's;
+  // lc, lx: the totals of all 8 steps in every lane.
+  LINREC_AVX2 static void carry_halves(__m256 c, __m256 x, __m256& tc, __m256& tx, __m256& lc, __m256& lx) {
+    alignas(32) float cb[8], xb[8];
+    _mm256_store_ps(cb, c);
+    _mm256_store_ps(xb, x);
+    constexpr int kMid = S > 0 ? 3 : 4, kSecond = S > 0 ? 0xf0 : 0x0f;
+    const __m256 c1 = _mm256_broadcast_ss(cb + kMid), x1 = _mm256_broadcast_ss(xb + kMid);
+    const __m256 c2 = _mm256_broadcast_ss(cb + kLast), x2 = _mm256_broadcast_ss(xb + kLast);
+    tc = _mm256_blend_ps(_mm256_set1_ps(1.f), c1, kSecond);
+    tx = _mm256_blend_ps(_mm256_setzero_ps(), x1, kSecond);
+    lc = _mm256_mul_ps(c2, c1);
+    lx = _mm256_fmadd_ps(c2, x1, x2);
   }
 
-  // In-register scan of 8 steps: x becomes each step's state from a zero state, c the product of
-  // the coefficients up to it. Two levels inside each half, then the first half's total carried
-  // into the second: 8 shuffles, 3 of them across halves.
-  LINREC_AVX2 static void scan8(__m256& c, __m256& x) {
-    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
-    x_scan4(c, x);
-    x = _mm256_fmadd_ps(c, first_half_last(x, zero), x);
-    c = _mm256_mul_ps(c, first_half_last(c, one));
-  }
-
-  // The last walk step (lane kLast) in every lane.
-  LINREC_AVX2 static __m256 last(__m256 v) {
-    const __m256 b = _mm256_permute_ps(v, S > 0 ? 0xff : 0x00);
-    return _mm256_permute2f128_ps(b, b, S > 0 ? 0x11 : 0x00);
-  }
-
-  // One vector: h (broadcast) -> each step's state; h and prod advance past its 8 steps.
+  // One vector: h (broadcast) -> each step's state; h and prod advance past its 8 steps. The
+  // in-register scan: two levels inside each half, then the first half's total carried into the
+  // second.
   LINREC_AVX2 static __m256 step(__m256 c, __m256 x, __m256& h, __m256* prod) {
-    scan8(c, x);
+    __m256 tc, tx, lc, lx;
+    x_scan4(c, x);
+    carry_halves(c, x, tc, tx, lc, lx);
+    x = _mm256_fmadd_ps(c, tx, x);
+    c = _mm256_mul_ps(c, tc);
     const __m256 y = _mm256_fmadd_ps(c, h, x);
-    h = _mm256_fmadd_ps(last(c), h, last(x));
-    if (prod) *prod = _mm256_mul_ps(*prod, last(c));
+    h = _mm256_fmadd_ps(lc, h, lx);
+    if (prod) *prod = _mm256_mul_ps(*prod, lc);
     return y;
   }
 
@@ -138,7 +143,6 @@ struct Walk {
   // steps (4 in a, 4 in b; walking down, b's 4 come first), the columns in memory order (walking
   // down, the high one first). a and b become each step's state; h and prod advance past all 16.
   LINREC_AVX2 static void step16(__m256 ca, __m256& xa, __m256 cb, __m256& xb, __m256& h, __m256* prod) {
-    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
     x_scan4(ca, xa);
     x_scan4(cb, xb);
     __m256& c1 = S > 0 ? ca : cb;  // the earlier 4 steps of each column
@@ -148,24 +152,24 @@ struct Walk {
     constexpr int kLastInHalf = S > 0 ? 0xff : 0x00;
     x2 = _mm256_fmadd_ps(c2, _mm256_permute_ps(x1, kLastInHalf), x2);
     c2 = _mm256_mul_ps(c2, _mm256_permute_ps(c1, kLastInHalf));
-    const __m256 tx = first_half_last(x2, zero), tc = first_half_last(c2, one);
+    __m256 tc, tx, cl, xl;
+    carry_halves(c2, x2, tc, tx, cl, xl);
     x1 = _mm256_fmadd_ps(c1, tx, x1);
     c1 = _mm256_mul_ps(c1, tc);
     x2 = _mm256_fmadd_ps(c2, tx, x2);
     c2 = _mm256_mul_ps(c2, tc);
-    const __m256 cl = last(c2), xl = last(x2);
     xa = _mm256_fmadd_ps(ca, h, xa);
     xb = _mm256_fmadd_ps(cb, h, xb);
     h = _mm256_fmadd_ps(cl, h, xl);
     if (prod) *prod = _mm256_mul_ps(*prod, cl);
   }
 
-  // The two in-half levels of scan8: a local scan of each 4 steps.
+  // The two in-half levels of the in-register scan: a local scan of each 4 steps.
   LINREC_AVX2 static void x_scan4(__m256& c, __m256& x) {
-    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
-    x = _mm256_fmadd_ps(c, shift_in_half<1>(x, zero), x);
+    const __m256 one = _mm256_set1_ps(1.f);
+    x = _mm256_fmadd_ps(c, shift_in_half<1>(x), x);
     c = _mm256_mul_ps(c, shift_in_half<1>(c, one));
-    x = _mm256_fmadd_ps(c, shift_in_half<2>(x, zero), x);
+    x = _mm256_fmadd_ps(c, shift_in_half<2>(x), x);
     c = _mm256_mul_ps(c, shift_in_half<2>(c, one));
   }
 
