@@ -4,7 +4,7 @@
 //
 // Two kernels, for the two layouts where one operand access can cover 8 values:
 // - walk: the (N, L) layout, every operand contiguous along L (stride +1 or -1; an input may also
-//   be constant along L). One sequence at a time, 8 steps per vector (16 for bfloat16): an
+//   be constant along L). One sequence at a time, 8 steps per vector (16 for bfloat16, as 8 pairs): an
 //   in-register scan (3 shift-and-combine levels of the affine maps (c, x)) gives each lane its
 //   local state and coefficient product, then y = X + C h carries the state in. The carried state
 //   is the only serial dependency: one FMA per vector.
@@ -64,15 +64,30 @@ LINREC_AVX2 inline void store8(c10::BFloat16* p, __m256 v) {
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
-// 16 bfloat16 values as two float vectors in the order of in-lane unpacking: a holds elements
-// 0-3 and 8-11, b holds 4-7 and 12-15 (so packing a and b back needs no cross-lane shuffle).
+// 16 bfloat16 values as two float vectors, split by parity: a holds the even elements 0, 2, .., 14,
+// b the odd ones (each a 32-bit word's low and high halves: a shift and a mask, no shuffle).
 LINREC_AVX2 inline void load16(const c10::BFloat16* p, __m256& a, __m256& b) {
-  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), zero = _mm256_setzero_si256();
-  a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w));
-  b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w));
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  a = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  b = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
+// u rounded to nearest even at bit 16 (the bfloat16 bits in the high half), NaN not handled.
+LINREC_AVX2 inline __m256i bf16_round_high(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
+}
+// The inverse of load16, rounded as store8. NaN lanes (rare: one test for both vectors) take
+// 0x7fc0, as c10::BFloat16 gives.
 LINREC_AVX2 inline void store16(c10::BFloat16* p, __m256 a, __m256 b) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_packus_epi32(bf16_bits(a), bf16_bits(b)));
+  __m256i w = _mm256_blend_epi16(_mm256_srli_epi32(bf16_round_high(a), 16), bf16_round_high(b), 0xaa);
+  const __m256 any_nan = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
+  if (!_mm256_testz_ps(any_nan, any_nan)) {
+    const __m256i na = _mm256_castps_si256(_mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    const __m256i nb = _mm256_castps_si256(_mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+    w = _mm256_blendv_epi8(w, _mm256_set1_epi16(0x7fc0), _mm256_blend_epi16(na, nb, 0xaa));
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), w);
 }
 LINREC_AVX2 inline void store8(c10::Half* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
@@ -139,29 +154,29 @@ struct Walk {
     return y;
   }
 
-  // 16 steps in load16's order: each 128-bit half of (a, b) is one column of 8 consecutive
-  // steps (4 in a, 4 in b; walking down, b's 4 come first), the columns in memory order (walking
-  // down, the high one first). a and b become each step's state; h and prod advance past all 16.
+  // 16 steps in load16's order: lane i of (a, b) holds one pair of consecutive steps (walking up,
+  // a's step first; walking down, b's), the pairs in walk order as the steps of an 8-step vector.
+  // Each pair is combined into its second step, the 8 pair totals are scanned as in step(), and
+  // each pair's first step takes the state before the pair. a and b become each step's state; h
+  // and prod advance past all 16.
   LINREC_AVX2 static void step16(__m256 ca, __m256& xa, __m256 cb, __m256& xb, __m256& h, __m256* prod) {
-    x_scan4(ca, xa);
-    x_scan4(cb, xb);
-    __m256& c1 = S > 0 ? ca : cb;  // the earlier 4 steps of each column
+    __m256& c1 = S > 0 ? ca : cb;  // the first step of each pair
     __m256& x1 = S > 0 ? xa : xb;
     __m256& c2 = S > 0 ? cb : ca;
     __m256& x2 = S > 0 ? xb : xa;
-    constexpr int kLastInHalf = S > 0 ? 0xff : 0x00;
-    x2 = _mm256_fmadd_ps(c2, _mm256_permute_ps(x1, kLastInHalf), x2);
-    c2 = _mm256_mul_ps(c2, _mm256_permute_ps(c1, kLastInHalf));
-    __m256 tc, tx, cl, xl;
-    carry_halves(c2, x2, tc, tx, cl, xl);
-    x1 = _mm256_fmadd_ps(c1, tx, x1);
-    c1 = _mm256_mul_ps(c1, tc);
+    x2 = _mm256_fmadd_ps(c2, x1, x2);
+    c2 = _mm256_mul_ps(c2, c1);
+    x_scan4(c2, x2);
+    __m256 tc, tx, lc, lx;
+    carry_halves(c2, x2, tc, tx, lc, lx);
     x2 = _mm256_fmadd_ps(c2, tx, x2);
     c2 = _mm256_mul_ps(c2, tc);
-    xa = _mm256_fmadd_ps(ca, h, xa);
-    xb = _mm256_fmadd_ps(cb, h, xb);
-    h = _mm256_fmadd_ps(cl, h, xl);
-    if (prod) *prod = _mm256_mul_ps(*prod, cl);
+    x2 = _mm256_fmadd_ps(c2, h, x2);
+    // the state before each pair: the previous pair's, h before the first half, the first half's
+    // last state before the second
+    x1 = _mm256_fmadd_ps(c1, shift_in_half<1>(x2, _mm256_fmadd_ps(tc, h, tx)), x1);
+    h = _mm256_fmadd_ps(lc, h, lx);
+    if (prod) *prod = _mm256_mul_ps(*prod, lc);
   }
 
   // The two in-half levels of the in-register scan: a local scan of each 4 steps.
