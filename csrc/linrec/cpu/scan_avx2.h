@@ -71,22 +71,18 @@ LINREC_AVX2 inline void load16(const c10::BFloat16* p, __m256& a, __m256& b) {
   a = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   b = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
-// u rounded to nearest even at bit 16 (the bfloat16 bits in the high half), NaN not handled.
+// The inverse of load16, each value rounded to nearest even (u + 0x7fff + the kept part's lowest
+// bit, then the high half) with no NaN test: a NaN whose low 16 bits are zero keeps its high half,
+// still a NaN (c10::BFloat16 gives 0x7fc0 instead). The walk stores only results of arithmetic on
+// bfloat16 inputs and NaN-free or quiet-NaN states (walk_state), and x86 arithmetic returns one of
+// its NaN operands, quieted, or the default NaN 0xffc00000: every NaN it stores has them zero.
 LINREC_AVX2 inline __m256i bf16_round_high(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
 }
-// The inverse of load16, rounded as store8. NaN lanes (rare: one test for both vectors) take
-// 0x7fc0, as c10::BFloat16 gives.
 LINREC_AVX2 inline void store16(c10::BFloat16* p, __m256 a, __m256 b) {
-  __m256i w = _mm256_blend_epi16(_mm256_srli_epi32(bf16_round_high(a), 16), bf16_round_high(b), 0xaa);
-  const __m256 any_nan = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
-  if (!_mm256_testz_ps(any_nan, any_nan)) {
-    const __m256i na = _mm256_castps_si256(_mm256_cmp_ps(a, a, _CMP_UNORD_Q));
-    const __m256i nb = _mm256_castps_si256(_mm256_cmp_ps(b, b, _CMP_UNORD_Q));
-    w = _mm256_blendv_epi8(w, _mm256_set1_epi16(0x7fc0), _mm256_blend_epi16(na, nb, 0xaa));
-  }
+  const __m256i w = _mm256_blend_epi16(_mm256_srli_epi32(bf16_round_high(a), 16), bf16_round_high(b), 0xaa);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), w);
 }
 LINREC_AVX2 inline void store8(c10::Half* p, __m256 v) {
@@ -194,6 +190,10 @@ struct Walk {
 
 // A read operand of the walk, at its step 0: contiguous along L in the walk's direction, or
 // constant along L (stride 0, a broadcast input).
+// A walk's entering state (or coefficient product), with a NaN replaced by the quiet NaN 0x7fc00000
+// (low 16 bits zero, as store16 needs).
+inline float walk_state(float h) { return h != h ? __builtin_nanf("") : h; }
+
 template <int S, typename T>
 struct WalkIn {
   const T* p;
@@ -216,7 +216,7 @@ template <int S, typename T>
 LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, int64_t t1, float* h_io,
                               float* prod_io) {
   using W = Walk<S>;
-  __m256 h = _mm256_set1_ps(*h_io), prod = _mm256_set1_ps(prod_io ? *prod_io : 1.f);
+  __m256 h = _mm256_set1_ps(walk_state(*h_io)), prod = _mm256_set1_ps(prod_io ? walk_state(*prod_io) : 1.f);
   __m256* pp = prod_io ? &prod : nullptr;
   int64_t u = t0;
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -278,7 +278,7 @@ template <int S, typename T>
 LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, T* dx, T* dc, float init, int64_t L,
                                int64_t t0, int64_t t1, float* h_io, float* prod_io) {
   using W = Walk<S>;
-  __m256 h = _mm256_set1_ps(*h_io), prod = _mm256_set1_ps(prod_io ? *prod_io : 1.f);
+  __m256 h = _mm256_set1_ps(walk_state(*h_io)), prod = _mm256_set1_ps(prod_io ? walk_state(*prod_io) : 1.f);
   __m256* pp = prod_io ? &prod : nullptr;
   int64_t u = t0;
   if (u == 0 && u < t1) {
