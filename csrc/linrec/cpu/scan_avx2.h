@@ -188,12 +188,12 @@ struct Walk {
   static int64_t at16(int64_t u) { return S > 0 ? u : -u - 15; }
 };
 
-// A read operand of the walk, at its step 0: contiguous along L in the walk's direction, or
-// constant along L (stride 0, a broadcast input).
 // A walk's entering state (or coefficient product), with a NaN replaced by the quiet NaN 0x7fc00000
 // (low 16 bits zero, as store16 needs).
 inline float walk_state(float h) { return h != h ? __builtin_nanf("") : h; }
 
+// A read operand of the walk, at its step 0: contiguous along L in the walk's direction, or
+// constant along L (stride 0, a broadcast input).
 template <int S, typename T>
 struct WalkIn {
   const T* p;
