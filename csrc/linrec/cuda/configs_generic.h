@@ -9,8 +9,9 @@ inline ScanDefaults defaults_generic(int elem_size, bool backward, int group_wid
   d.tile_lookback = 2;  // the largest tile: fewest look-back hops
   d.stream = -1;        // bulk copies (cp.async.bulk) need compute capability 9.0
   // Channel groups as on Hopper (no other GPU measured).
-  d.channel = defaults_sm90(elem_size, backward, group_width).channel;
-  d.channel_pipe = defaults_sm90(elem_size, backward, group_width).channel_pipe;
+  const ScanDefaults hopper = defaults_sm90(elem_size, backward, group_width);
+  d.channel = hopper.channel;
+  d.channel_pipe = hopper.channel_pipe;
   return d;
 }
 
