@@ -413,7 +413,7 @@ def test_auto_config_resolves_in_the_op(compiled, monkeypatch):
     the CPU's, which no shipped file fills), run a Triton config from it through the Triton op, in
     either direction, and the default without an entry; compiled graphs hold "auto" and resolve it
     per call."""
-    x, c, h0 = _inputs((2, 37), -1, "cpu")
+    x, c, h0 = _inputs((2, 48), -1, "cpu")
     op = torch.ops.linrec.scan
     fn = torch.compile(op, fullgraph=True, dynamic=True) if compiled else op
     leaves = [t.clone().requires_grad_() for t in (x, c, h0)]
@@ -431,6 +431,14 @@ def test_auto_config_resolves_in_the_op(compiled, monkeypatch):
             torch.autograd.grad(y.sum(), leaves)
             assert spy.fwd == [_T1024] and spy.bwd == [_T4096, _T1024]
             assert torch.equal(y, op(x, c, h0, -1, False))
+            # A length that is not a multiple of 16: the Triton entries are not taken (csrc/linrec/ops.h).
+            x37, c37, _ = _inputs((2, 37), -1, "cpu")
+            leaves37 = [t.clone().requires_grad_() for t in (x37, c37, h0)]
+            _set_cpu_table(x37, c37, 1, "triton.t1024", "triton.t4096")
+            y = fn(*leaves37, -1, False, "auto", "auto")
+            torch.autograd.grad(y.sum(), leaves37)
+            assert spy.fwd == [_T1024] and spy.bwd == [_T4096, _T1024]  # no new launch
+            assert torch.equal(y, op(x37, c37, h0, -1, False))
         _set_cpu_table(x, c, 1, "cpu.g16", "prefer:not-a-config")  # a preference that is unknown: default
         y = fn(*leaves, -1, False, "auto", "auto")
         assert torch.equal(y, op(x, c, h0, -1, False))
