@@ -448,6 +448,21 @@ def test_auto_config_resolves_in_the_op(compiled, monkeypatch):
         dispatch.clear_memo()
 
 
+@pytest.mark.parametrize("length,expect", [(48, "triton.t1024"), (37, None), (1000, None), (4096, "triton.t1024")])
+def test_tuned_triton_choice_needs_a_length_multiple_of_16(length, expect):
+    """A tuned Triton choice runs only at lengths that are multiples of 16 (csrc/linrec/tuned.h);
+    native choices apply at any length."""
+    x, c, _ = _inputs((2, length), -1, "cpu")
+    key = bucket_key("scan", "fwd", x.dtype, layout_class(x, c, 1), length, 2)
+    try:
+        torch_linrec._library._C.set_scan_tuned(-1, {key: "triton.t1024"})
+        assert torch_linrec._library._C.scan_tuned_config(-1, key, length) == expect
+        torch_linrec._library._C.set_scan_tuned(-1, {key: "cpu.g16"})
+        assert torch_linrec._library._C.scan_tuned_config(-1, key, length) == "cpu.g16"
+    finally:
+        dispatch.clear_memo()
+
+
 def test_auto_is_what_auto_passes_on_cuda_only():
     """On the CPU, backend "auto" runs the default (None); "auto" is passed where a tuned table exists."""
     x, c, _ = _inputs()

@@ -152,14 +152,14 @@ def _ensure_tuned(index: int) -> bool:
 def tuned_configs(x: torch.Tensor, coeffs: torch.Tensor, dim: int) -> tuple[str | None, str | None]:
     """The ``(forward, backward)`` config names that config ``"auto"`` runs for this call (None: the
     default), as the ops resolve it (for reports and tests; a call does not need it)."""
-    if x.device.type != "cuda":
+    if x.device.type != "cuda" or not HAS_CUDA_KERNELS:
         return None, None
-    from .configs import load
-    entries = load(x.device.index).entries
+    _ensure_tuned(x.device.index)
     length = x.shape[dim]
     rows = x.numel() // length if length else 0
     layout = layout_class(x, coeffs, dim)
-    return tuple(entries.get(bucket_key("scan", d, x.dtype, layout, length, rows)) for d in ("fwd", "bwd"))
+    return tuple(_C.scan_tuned_config(x.device.index, bucket_key("scan", d, x.dtype, layout, length, rows), length)
+                 for d in ("fwd", "bwd"))
 
 
 def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None = None, config: str | None = None,

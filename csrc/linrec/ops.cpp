@@ -100,11 +100,8 @@ const char* dtype_name(at::ScalarType t) {
 
 // Config "auto": the tuned cache's choice for the call's bucket (tuned.h) as a preference, so that
 // a bucket's choice that does not apply to this call's exact layout runs the default; nullopt
-// (the default) without an entry. `ref` is x (forward) or y (backward).
-// A Triton choice applies only to lengths that are multiples of kTritonAutoLengthMultiple: the
-// buckets are tuned at power-of-two lengths, and off them the Triton kernels lose their vector
-// accesses and pad whole tiles (H100: 100000 x 1000 backward 0.68 of torch.add vs 0.98 native,
-// 3 x 2049 x 3072 0.40 vs 0.67; bench/NOTES.md item 28).
+// (the default) without an entry or where it does not apply at this length. `ref` is x (forward)
+// or y (backward).
 std::optional<std::string> resolve_auto(bool backward, const Tensor& ref, const Tensor& coeffs, int64_t d) {
   if (!ref.is_cuda() && !ref.is_cpu()) return std::nullopt;
   const int64_t length = ref.size(d);
@@ -112,8 +109,9 @@ std::optional<std::string> resolve_auto(bool backward, const Tensor& ref, const 
   const std::string layout =
       scan_layout_class(ref.sizes().vec(), ref.strides().vec(), d, coeffs.sizes() != ref.sizes());
   auto name = tuned_config(ref.is_cuda() ? ref.get_device() : kCpuTable,
-                           bucket_key("scan", backward ? "bwd" : "fwd", dtype_name(ref.scalar_type()), layout, length, rows));
-  if (!name || (is_triton_config(*name) && length % kTritonAutoLengthMultiple != 0)) return std::nullopt;
+                           bucket_key("scan", backward ? "bwd" : "fwd", dtype_name(ref.scalar_type()), layout, length, rows),
+                           length);
+  if (!name) return std::nullopt;
   return std::string(kPreferPrefix) + *name;
 }
 

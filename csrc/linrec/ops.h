@@ -31,8 +31,6 @@ using ScanLauncher = void (*)(const ScanParams& params, at::ScalarType dtype, co
 constexpr const char* kNativeDefault = "native";
 constexpr const char* kTritonDefault = "triton";
 constexpr const char* kTritonConfigPrefix = "triton.";
-// Config "auto" runs a tuned Triton choice only at lengths that are multiples of this (ops.cpp).
-constexpr int64_t kTritonAutoLengthMultiple = 16;
 constexpr const char* kPreferPrefix = "prefer:";
 
 // `config` without a "prefer:" prefix, and whether it had one.

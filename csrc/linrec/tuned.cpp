@@ -1,5 +1,7 @@
 #include "tuned.h"
 
+#include "ops.h"  // is_triton_config
+
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -65,7 +67,7 @@ void clear_tuned_configs() {
   tables().clear();
 }
 
-std::optional<std::string> tuned_config(int device, const std::string& key) {
+std::optional<std::string> tuned_config(int device, const std::string& key, int64_t length) {
   std::shared_ptr<const Table> table;
   {
     const std::lock_guard<std::mutex> lock(tables_mutex());
@@ -75,6 +77,7 @@ std::optional<std::string> tuned_config(int device, const std::string& key) {
   }
   const auto hit = table->find(key);
   if (hit == table->end()) return std::nullopt;
+  if (is_triton_config(hit->second) && length % kTritonLengthMultiple != 0) return std::nullopt;
   return hit->second;
 }
 

@@ -35,7 +35,14 @@ constexpr int kCpuTable = -1;
 void set_tuned_configs(int device, std::unordered_map<std::string, std::string> entries);
 // Forgets every device's table.
 void clear_tuned_configs();
-// The config for `key` on `device`, or nullopt (no table or no entry).
-std::optional<std::string> tuned_config(int device, const std::string& key);
+// A Triton choice applies only to lengths that are multiples of this: the buckets are tuned at
+// power-of-two lengths, and off them the Triton kernels lose their vector accesses and pad whole
+// tiles (H100: 100000 x 1000 backward 0.68 of torch.add vs 0.98 native, 3 x 2049 x 3072 0.40 vs
+// 0.67; bench/NOTES.md item 28).
+constexpr int64_t kTritonLengthMultiple = 16;
+
+// The config for `key` on `device` for a call of this scan length, or nullopt (no table, no
+// entry, or an entry that does not apply at this length).
+std::optional<std::string> tuned_config(int device, const std::string& key, int64_t length);
 
 }  // namespace linrec

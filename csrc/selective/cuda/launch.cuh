@@ -22,10 +22,10 @@ cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStr
   int smem;
   const void* kernel;
   if constexpr (kBackward) {
-    smem = backward_smem<SPT, TPC>();
+    smem = backward_smem<T, SPT, TPC>();
     kernel = reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC>);
   } else {
-    smem = forward_smem<SPT, TPC>();
+    smem = forward_smem<T, SPT, TPC>();
     kernel = reinterpret_cast<const void*>(&forward_kernel<T, SPT, TPC, kOut>);
   }
   if (smem > 48 * 1024) {

@@ -19,12 +19,20 @@ struct BackwardTiles {
   float *dt, *u, *dy, *dzf, *dscale;  // dzf = dout silu'(z) (dz = y dzf); dscale = d dt / d delta
 };
 
+// The backward's per-step inputs, in the order its tiles are filled from.
+__device__ __forceinline__ void backward_inputs(const SelectiveParams& p, Strided3 (&in)[4]) {
+  in[0] = p.u, in[1] = p.delta, in[2] = p.dout, in[3] = p.z;
+}
+
+// Fills the per-step tiles of the tile at t0 from its window staged in `raw` (`staged`: how,
+// staged_loads) or, when it could not be staged, from global memory.
 template <typename T, int CPB, int TS>
-__device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0, int loads,
-                                                    const BackwardTiles& tl) {
-  const Strided3 in[4] = {p.u, p.delta, p.dout, p.z};
+__device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0, int staged,
+                                                    const uint4* raw, const BackwardTiles& tl) {
+  Strided3 in[4];
+  backward_inputs(p, in);
   const bool has_z = p.z.p != nullptr;
-  for_tile<T, CPB, TS, 4>(in, c.b, c.first_d, c.count, t0, p.len, loads, [&](int ch, int s, const float(&v)[4]) {
+  auto fill = [&](int ch, int s, const float(&v)[4]) {
     const int at = ch * (TS + 1) + s;
     const float u = v[0], delta = v[1], dout = v[2], z = v[3];
     const float raw = delta + (p.delta_bias && ch < c.count ? p.delta_bias[c.first_d + ch] : 0.f);
@@ -38,7 +46,9 @@ __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, co
     } else {
       tl.dy[at] = dout;
     }
-  });
+  };
+  if (staged) for_staged<T, CPB, TS, 4>(raw, in, staged, fill);
+  else for_tile<T, CPB, TS, 4>(in, c.b, c.first_d, c.count, t0, p.len, fill);
 }
 
 template <typename T, int CPB, int TS>
@@ -60,14 +70,17 @@ __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, c
   }
 }
 
-// Shared memory layout of the backward kernel, in floats: 2 buffers of (B, C) tiles, the five
-// per-step tiles, then the dB/dC sums of a sub-chunk: one (S, 2 NP) slice per warp (plain stores,
+// Shared memory layout of the backward kernel, in floats: 2 buffers of (B, C) tiles, one of the raw
+// per-step window, the five per-step tiles, then the dB/dC sums of a sub-chunk: one (S, 2 NP) slice per warp (plain stores,
 // summed at the flush; shared atomics into one slice were 8 per thread-step at N_pad >= 128).
-template <int SPT, int TPC>
+template <typename T, int SPT, int TPC>
 struct BackwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
   static constexpr int S = 4, kMaxSub = TS / S, kWarps = kThreads / 32;
-  static constexpr int kRows = 4 * TS * NP, kTile = CPB * (TS + 1);
+  // One buffer of the raw (u, delta, dout, z) window: the next tile's copy starts once its per-step
+  // tiles are filled (two buffers would leave the float32 kernel 2 blocks per SM).
+  static constexpr int kRawVectors = 4 * StagedWindow<T, CPB, TS>::NV;
+  static constexpr int kRaw = 4 * TS * NP, kRows = kRaw + 4 * kRawVectors, kTile = CPB * (TS + 1);
   static constexpr int kSub = kRows + 5 * kTile;                          // sub-chunk entry states
   static constexpr int kRed = ((kSub + kMaxSub * SPT * kThreads + 3) / 4) * 4;
   static constexpr int kFloats = kRed + kWarps * S * 2 * NP;
@@ -78,7 +91,7 @@ struct BackwardSmem {
 template <typename T, int SPT, int TPC>
 __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_kernel(const SelectiveParams p, const Groups grp,
                                                             const int loads) {
-  using L = BackwardSmem<SPT, TPC>;
+  using L = BackwardSmem<T, SPT, TPC>;
   constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB;
   constexpr int CPW = 32 / TPC, NV = 2 * SPT;
   static_assert(NV >= CPW, "the reduce-scatter leaves at least one value per lane");
@@ -108,18 +121,26 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
   const float* r_dy = tl.dy + cl * (TS + 1);
   float dD = 0.f, dbias = 0.f;
 
-  if (ntiles > 0) stage_bc<NP, TS>(smem + ((ntiles - 1) % 2) * 2 * TS * NP, Bg, Cg, (ntiles - 1) * TS, len);
+  // Tile k - 1's raw window and B, C are copied (cp.async) while the block works on tile k.
+  Strided3 in[4];
+  backward_inputs(p, in);
+  const int staged = staged_loads<T, CPB>(loads, c.count, c.first_d);
+  uint4* raw = reinterpret_cast<uint4*>(smem + L::kRaw);
+  if (ntiles > 0) {
+    if (staged) stage_window<T, CPB, TS, 4>(raw, in, staged, c.b, c.first_d, c.count, (ntiles - 1) * TS, len);
+    stage_bc<NP, TS>(smem + ((ntiles - 1) % 2) * 2 * TS * NP, Bg, Cg, (ntiles - 1) * TS, len);
+  }
   for (int64_t k = ntiles - 1; k >= 0; --k) {
     const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
     const int nsub = static_cast<int>((t1 - t0 + S - 1) / S);
-    load_backward_tiles<T, CPB, TS>(p, c, t0, loads, tl);
+    cp_async_wait<0>();
+    __syncthreads();  // tile k's copies are in
+    load_backward_tiles<T, CPB, TS>(p, c, t0, staged, raw, tl);
+    __syncthreads();  // the per-step tiles are filled: the raw buffer is free
     if (k > 0) {
+      if (staged) stage_window<T, CPB, TS, 4>(raw, in, staged, c.b, c.first_d, c.count, t0 - TS, len);
       stage_bc<NP, TS>(smem + ((k - 1) % 2) * 2 * TS * NP, Bg, Cg, t0 - TS, len);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
-    __syncthreads();
     const float* sB = smem + (k % 2) * 2 * TS * NP + n0;
     const float* sC = sB + TS * NP;
 
@@ -262,9 +283,9 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
 }
 
 // Dynamic shared memory of the backward kernel, bytes.
-template <int SPT, int TPC>
+template <typename T, int SPT, int TPC>
 constexpr int backward_smem() {
-  return BackwardSmem<SPT, TPC>::kFloats * 4;
+  return BackwardSmem<T, SPT, TPC>::kFloats * 4;
 }
 
 }  // namespace selective

@@ -7,9 +7,10 @@
 // steps in order, its states in registers; the TPC = NP / SPT threads of a channel are adjacent
 // lanes. A block's channels share their B and C rows (one group of each), so B and C are staged
 // per tile of TS steps in shared memory with cp.async, the next tile in flight while the block
-// computes the current one. The per-step inputs of a tile (u, delta, z; the backward adds the
-// output gradient) are loaded by the whole block along the contiguous dim with 16-byte loads
-// (for_tile) and turned once per (channel, step) into shared-memory rows (dt, dt u, silu(z), ...).
+// computes the current one. So are the raw per-step inputs of a tile (u, delta, z; the backward adds
+// the output gradient), as 16-byte vectors along the contiguous dim (stage_window; element loads by
+// for_tile where the layout does not allow it), turned once per (channel, step) into shared-memory
+// rows (dt, dt u, silu(z), ...).
 // The forward's lanes reduce-scatter y's partial sums of a group of steps, each lane finishing and
 // storing its own steps.
 //
@@ -74,73 +75,12 @@ __device__ __forceinline__ uint32_t load_bits(const T* p) {
 
 // Calls f(ch, s, v) for every element of a block's window of NT (batch, dim, len) tensors: channels
 // d0 + ch for ch < CPB, steps t0 + s for s < TS; v[k] = tensor k's value, 0 for a null tensor and
-// outside `count` channels or `len` steps. Consecutive threads walk the contiguous dim, 16-byte loads
-// where `loads` allows it and the window is whole; a thread's loads are issued before any conversion.
+// outside `count` channels or `len` steps. Element loads, consecutive threads along the contiguous
+// dim, a thread's loads issued before any conversion: the path of windows that stage_window cannot
+// copy as 16-byte vectors.
 template <typename T, int CPB, int TS, int NT, typename F>
 __device__ __forceinline__ void for_tile(const Strided3 (&ts)[NT], int64_t b, int64_t d0, int count, int64_t t0,
-                                         int64_t len, int loads, F&& f) {
-  constexpr int VE = 16 / sizeof(T);
-  if (loads == kStepVectors && t0 + TS <= len) {
-    constexpr int RV = TS / VE, K = (CPB * RV + kThreads - 1) / kThreads, KC = 1;
-#pragma unroll 1
-    for (int k0 = 0; k0 < K; k0 += KC) {
-      uint4 w[KC][NT];
-#pragma unroll
-      for (int k = 0; k < KC; ++k) {
-        const int i = threadIdx.x + (k0 + k) * kThreads, ch = i / RV, s = (i % RV) * VE;
-        const bool in = i < CPB * RV && ch < count;
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-          w[k][t] = in && ts[t].p ? __ldg(reinterpret_cast<const uint4*>(row<const T>(ts[t], b, d0 + ch) + t0 + s))
-                                  : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int k = 0; k < KC; ++k) {
-        const int i = threadIdx.x + (k0 + k) * kThreads;
-        if (i >= CPB * RV) continue;
-#pragma unroll
-        for (int e = 0; e < VE; ++e) {
-          float v[NT];
-#pragma unroll
-          for (int t = 0; t < NT; ++t) v[t] = lane_of<T>(w[k][t], e);
-          f(i / RV, (i % RV) * VE + e, v);
-        }
-      }
-    }
-    return;
-  }
-  if constexpr (CPB >= VE && CPB % VE == 0) {
-  if (loads == kChannelVectors && count == CPB && d0 % VE == 0) {
-    constexpr int CV = CPB / VE, K = (CV * TS + kThreads - 1) / kThreads, KC = 1;
-#pragma unroll 1
-    for (int k0 = 0; k0 < K; k0 += KC) {
-      uint4 w[KC][NT];
-#pragma unroll
-      for (int k = 0; k < KC; ++k) {
-        const int i = threadIdx.x + (k0 + k) * kThreads, s = i / CV, ch = (i % CV) * VE;
-        const bool in = i < CV * TS && t0 + s < len;
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-          w[k][t] = in && ts[t].p
-                        ? __ldg(reinterpret_cast<const uint4*>(row<const T>(ts[t], b, d0 + ch) + (t0 + s) * ts[t].sl))
-                        : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int k = 0; k < KC; ++k) {
-        const int i = threadIdx.x + (k0 + k) * kThreads;
-        if (i >= CV * TS) continue;
-#pragma unroll
-        for (int e = 0; e < VE; ++e) {
-          float v[NT];
-#pragma unroll
-          for (int t = 0; t < NT; ++t) v[t] = lane_of<T>(w[k][t], e);
-          f((i % CV) * VE + e, i / CV, v);
-        }
-      }
-    }
-    return;
-  }
-  }
+                                         int64_t len, F&& f) {
   const bool steps_fast = ts[0].sl == 1;
   constexpr int K = (CPB * TS + kThreads - 1) / kThreads, KC = K < 8 ? K : 8;
 #pragma unroll 1
@@ -233,6 +173,83 @@ __device__ __forceinline__ void stage_bc(float* dst, const float* B, const float
     cp_async16(dst + 4 * i, full ? src : B, full);
   }
   cp_async_commit();
+}
+
+// Copies 16 bytes of which the first `bytes` come from `src` (the rest zero-filled; none read
+// when 0).
+__device__ __forceinline__ void cp_async16_partial(void* dst, const void* src, int bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
+}
+
+// How a block's per-step window can be staged by cp.async as whole 16-byte vectors: along steps
+// (kStepVectors: every row read is aligned with unit step stride) or along channels
+// (kChannelVectors: a whole block of aligned channels); kScalarLoads: it cannot (for_tile loads it).
+template <typename T, int CPB>
+__device__ __forceinline__ int staged_loads(int loads, int count, int64_t d0) {
+  constexpr int VE = 16 / sizeof(T);
+  if (loads == kStepVectors) return kStepVectors;
+  if (CPB >= VE && CPB % VE == 0 && loads == kChannelVectors && count == CPB && d0 % VE == 0) return kChannelVectors;
+  return kScalarLoads;
+}
+
+// Vectors of a staged (CPB, TS) window of one tensor, and where vector i lies: channel ch, step s
+// (its first element; the next VE - 1 follow along steps or along channels by `mode`).
+template <typename T, int CPB, int TS>
+struct StagedWindow {
+  static constexpr int VE = 16 / sizeof(T), NV = CPB * TS / VE;
+  static constexpr int RV = TS / VE, CV = CPB >= VE ? CPB / VE : 1;
+  static __device__ __forceinline__ void at(int mode, int i, int* ch, int* s) {
+    if (mode == kStepVectors) *ch = i / RV, *s = (i % RV) * VE;
+    else *s = i / CV, *ch = (i % CV) * VE;
+  }
+};
+
+// Starts copying the window (channels d0 .. d0 + CPB, steps t0 .. t0 + TS) of NT tensors into
+// `raw` (NT x NV vectors, tensor-major), the vectors in StagedWindow order; what lies outside
+// `count` channels or `len` steps reads as zero. `mode`: staged_loads' result, not kScalarLoads.
+// Joins the caller's next cp.async group (no commit here).
+template <typename T, int CPB, int TS, int NT>
+__device__ __forceinline__ void stage_window(uint4* raw, const Strided3 (&ts)[NT], int mode, int64_t b, int64_t d0,
+                                             int count, int64_t t0, int64_t len) {
+  using W = StagedWindow<T, CPB, TS>;
+  for (int i = threadIdx.x; i < W::NV; i += kThreads) {
+    int ch, s;
+    W::at(mode, i, &ch, &s);
+    const int64_t l = t0 + s;
+    const int64_t steps = mode == kStepVectors ? (ch < count ? len - l : 0) : (l < len ? W::VE : 0);
+    const int bytes = static_cast<int>(steps <= 0 ? 0 : steps >= W::VE ? 16 : steps * sizeof(T));
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (!ts[t].p) continue;
+      const T* src = bytes ? row<const T>(ts[t], b, d0 + ch) + l * ts[t].sl : static_cast<const T*>(ts[t].p);
+      cp_async16_partial(raw + t * W::NV + i, src, bytes);
+    }
+  }
+}
+
+// for_tile over a window staged by stage_window (complete and visible to the block): calls
+// f(ch, s, v) for every element, v[k] = tensor k's value (0 for a null tensor and outside the
+// window's channels and steps).
+template <typename T, int CPB, int TS, int NT, typename F>
+__device__ __forceinline__ void for_staged(const uint4* raw, const Strided3 (&ts)[NT], int mode, F&& f) {
+  using W = StagedWindow<T, CPB, TS>;
+#pragma unroll 1
+  for (int i = threadIdx.x; i < W::NV; i += kThreads) {
+    uint4 w[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) w[t] = ts[t].p ? raw[t * W::NV + i] : make_uint4(0, 0, 0, 0);
+    int ch, s;
+    W::at(mode, i, &ch, &s);
+#pragma unroll
+    for (int e = 0; e < W::VE; ++e) {
+      float v[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) v[t] = lane_of<T>(w[t], e);
+      if (mode == kStepVectors) f(ch, s + e, v);
+      else f(ch + e, s, v);
+    }
+  }
 }
 
 // The SPT values of state n0 onwards at one step of a staged (TS, NP) tile.

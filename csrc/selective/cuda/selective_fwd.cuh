@@ -5,15 +5,18 @@
 namespace linrec {
 namespace selective {
 
-// Shared memory of the forward kernel, in floats: 2 buffers of (B, C) tiles; the tile's per-step
-// values, (dt, dt u) and (u, silu(z)) float2 rows per channel (padded by 16 bytes: the channels of a
-// warp read one step conflict-free); the block's delta_bias.
-template <int SPT, int TPC>
+// Shared memory of the forward kernel, in floats: 2 buffers of (B, C) tiles; 2 buffers of the raw
+// (u, delta, z) windows staged by cp.async; the tile's per-step values, (dt, dt u) and (u, silu(z))
+// float2 rows per channel (padded by 16 bytes: the channels of a warp read one step
+// conflict-free); the block's delta_bias.
+template <typename T, int SPT, int TPC>
 struct ForwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
   static constexpr int V = TPC > 8 ? TPC : 8;  // steps per group: the y sums of a group are reduce-scattered
   static constexpr int RS = 2 * TS + 4;          // floats per per-step row
-  static constexpr int kRows = 4 * TS * NP, kDd = kRows, kUg = kDd + CPB * RS, kBias = kUg + CPB * RS;
+  static constexpr int kRawVectors = 3 * StagedWindow<T, CPB, TS>::NV;  // one buffer
+  static constexpr int kRows = 4 * TS * NP, kRaw = kRows, kDd = kRaw + 2 * 4 * kRawVectors;
+  static constexpr int kUg = kDd + CPB * RS, kBias = kUg + CPB * RS;
   static constexpr int kFloats = kBias + CPB;
   static_assert(TS % V == 0, "a tile holds whole groups");
 };
@@ -24,7 +27,7 @@ struct ForwardSmem {
 template <typename T, int SPT, int TPC, bool kOut>
 __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(const SelectiveParams p, const Groups grp, const bool vec,
                                                            const int loads) {
-  using L = ForwardSmem<SPT, TPC>;
+  using L = ForwardSmem<T, SPT, TPC>;
   constexpr int NP = L::NP, TS = L::TS, CPB = L::CPB, V = L::V, E = V / TPC, RS = L::RS;
   extern __shared__ __align__(16) float smem[];
   const Channel c = channel_of<CPB>(p, grp);
@@ -50,19 +53,33 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
   const float2* rug = reinterpret_cast<const float2*>(smem + L::kUg + cl * RS);
   const Strided3 io[3] = {p.u, p.delta, kOut ? p.z : Strided3{}};
   const int64_t ntiles = (len + TS - 1) / TS;
-  if (ntiles > 0) stage_bc<NP, TS, kOut>(smem, Bg, Cg, 0, len);
+  // The raw (u, delta, z) window of tile k + 1 is copied (cp.async, with its B and C) while the
+  // block scans tile k, where whole 16-byte vectors allow it; else each tile loads its own.
+  const int staged = staged_loads<T, CPB>(loads, c.count, c.first_d);
+  uint4* raw = reinterpret_cast<uint4*>(smem + L::kRaw);
+  if (ntiles > 0) {
+    if (staged) stage_window<T, CPB, TS, 3>(raw, io, staged, c.b, c.first_d, c.count, 0, len);
+    stage_bc<NP, TS, kOut>(smem, Bg, Cg, 0, len);
+  }
   for (int64_t k = 0; k < ntiles; ++k) {
     const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
-    __syncthreads();  // the previous tile's per-step rows are read; sbias is written
-    for_tile<T, CPB, TS, 3>(io, c.b, c.first_d, c.count, t0, len, loads, [&](int ch, int s, const float(&v)[3]) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile k's copies are in; the previous tile's buffers are read; sbias is written
+    if (k + 1 < ntiles) {
+      if (staged)
+        stage_window<T, CPB, TS, 3>(raw + ((k + 1) % 2) * L::kRawVectors, io, staged, c.b, c.first_d, c.count,
+                                    t0 + TS, len);
+      stage_bc<NP, TS, kOut>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
+    }
+    auto rows = [&](int ch, int s, const float(&v)[3]) {
       const bool in = ch < c.count && t0 + s < len;
       const float dt = in ? step_dt(v[1], sbias[ch], p.softplus) : 0.f;  // padding steps keep the state
       dd[ch * (RS / 2) + s] = make_float2(dt, dt * v[0]);
       if (kOut) ug[ch * (RS / 2) + s] = make_float2(v[0], has_z ? v[2] * sigmoid(v[2]) : 1.f);
-    });
-    cp_async_wait<0>();
-    __syncthreads();
-    if (k + 1 < ntiles) stage_bc<NP, TS, kOut>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
+    };
+    if (staged) for_staged<T, CPB, TS, 3>(raw + (k % 2) * L::kRawVectors, io, staged, rows);
+    else for_tile<T, CPB, TS, 3>(io, c.b, c.first_d, c.count, t0, len, rows);
+    __syncthreads();  // the per-step rows are written
     const float* sB = smem + (k % 2) * 2 * TS * NP + n0;
     const float* sC = sB + TS * NP;
     for (int g = 0; g < t1 - t0; g += V) {
@@ -111,9 +128,9 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
 }
 
 // Dynamic shared memory of the forward kernel, bytes.
-template <int SPT, int TPC>
+template <typename T, int SPT, int TPC>
 constexpr int forward_smem() {
-  return ForwardSmem<SPT, TPC>::kFloats * 4;
+  return ForwardSmem<T, SPT, TPC>::kFloats * 4;
 }
 
 }  // namespace selective
