@@ -5,8 +5,9 @@
 namespace linrec {
 namespace selective {
 
-// Shared memory of the forward kernel, in floats: 2 buffers of (B, C) tiles; 2 buffers of the raw
-// (u, delta, z) windows staged by cp.async; the tile's per-step values, (dt, dt u) and (u, silu(z))
+// Shared memory of the forward kernel, in floats: 2 buffers of (B, C) tiles; the raw (u, delta, z)
+// window staged by cp.async (one buffer: the next tile's copy starts once the rows are filled, and
+// lands while the block scans); the tile's per-step values, (dt, dt u) and (u, silu(z))
 // float2 rows per channel (padded by 16 bytes: the channels of a warp read one step
 // conflict-free); the block's delta_bias.
 template <typename T, int SPT, int TPC>
@@ -14,8 +15,8 @@ struct ForwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
   static constexpr int V = TPC > 8 ? TPC : 8;  // steps per group: the y sums of a group are reduce-scattered
   static constexpr int RS = 2 * TS + 4;          // floats per per-step row
-  static constexpr int kRawVectors = 3 * StagedWindow<T, CPB, TS>::NV;  // one buffer
-  static constexpr int kRows = 4 * TS * NP, kRaw = kRows, kDd = kRaw + 2 * 4 * kRawVectors;
+  static constexpr int kRawVectors = 3 * StagedWindow<T, CPB, TS>::NV;
+  static constexpr int kRows = 4 * TS * NP, kRaw = kRows, kDd = kRaw + 4 * kRawVectors;
   static constexpr int kUg = kDd + CPB * RS, kBias = kUg + CPB * RS;
   static constexpr int kFloats = kBias + CPB;
   static_assert(TS % V == 0, "a tile holds whole groups");
@@ -64,22 +65,20 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
   for (int64_t k = 0; k < ntiles; ++k) {
     const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
     cp_async_wait<0>();
-    __syncthreads();  // tile k's copies are in; the previous tile's buffers are read; sbias is written
-    if (k + 1 < ntiles) {
-      if (staged)
-        stage_window<T, CPB, TS, 3>(raw + ((k + 1) % 2) * L::kRawVectors, io, staged, c.b, c.first_d, c.count,
-                                    t0 + TS, len);
-      stage_bc<NP, TS, kOut>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
-    }
+    __syncthreads();  // tile k's copies are in; the previous tile's rows are read; sbias is written
     auto rows = [&](int ch, int s, const float(&v)[3]) {
       const bool in = ch < c.count && t0 + s < len;
       const float dt = in ? step_dt(v[1], sbias[ch], p.softplus) : 0.f;  // padding steps keep the state
       dd[ch * (RS / 2) + s] = make_float2(dt, dt * v[0]);
       if (kOut) ug[ch * (RS / 2) + s] = make_float2(v[0], has_z ? v[2] * sigmoid(v[2]) : 1.f);
     };
-    if (staged) for_staged<T, CPB, TS, 3>(raw + (k % 2) * L::kRawVectors, io, staged, rows);
+    if (staged) for_staged<T, CPB, TS, 3>(raw, io, staged, rows);
     else for_tile<T, CPB, TS, 3>(io, c.b, c.first_d, c.count, t0, len, rows);
-    __syncthreads();  // the per-step rows are written
+    __syncthreads();  // the per-step rows are written; the raw buffer is free
+    if (k + 1 < ntiles) {
+      if (staged) stage_window<T, CPB, TS, 3>(raw, io, staged, c.b, c.first_d, c.count, t0 + TS, len);
+      stage_bc<NP, TS, kOut>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
+    }
     const float* sB = smem + (k % 2) * 2 * TS * NP + n0;
     const float* sC = sB + TS * NP;
     for (int g = 0; g < t1 - t0; g += V) {
