@@ -143,7 +143,8 @@ def test_compile_reduce_overhead_cuda(device):
 def test_compile_auto_applies_the_tuned_cache(device, monkeypatch):
     """Backend "auto" under torch.compile(dynamic=True): one frame, no graph break, and each call
     runs its bucket's tuned choice (here a table naming Triton configs for one length's buckets:
-    the Triton launches are counted), resolved by the op at run time."""
+    the Triton launches are counted; a length that is a multiple of 16, where Triton choices apply),
+    resolved by the op at run time."""
     pytest.importorskip("triton")
     from torch_linrec import dispatch
     from torch_linrec.linrec.triton import ops as triton_ops
@@ -152,13 +153,13 @@ def test_compile_auto_applies_the_tuned_cache(device, monkeypatch):
     real = triton_ops._launch_forward
     monkeypatch.setattr(triton_ops, "_launch_forward", lambda *a: launches.append(a[-1]) or real(*a))
     monkeypatch.setattr(dispatch, "_tuned_table", lambda index: {
-        dispatch.bucket_key("scan", d, torch.float32, "strided", 300, 2 * 16): "triton.t1024" for d in ("fwd", "bwd")})
+        dispatch.bucket_key("scan", d, torch.float32, "strided", 304, 2 * 16): "triton.t1024" for d in ("fwd", "bwd")})
     dispatch.clear_memo()
     try:
         counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
         model, _, _ = _model_and_inputs(device, L=9, backend="auto")
         compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
-        for L, tuned in ((9, False), (300, True), (13, False)):
+        for L, tuned in ((9, False), (304, True), (13, False)):
             _, x, h0 = _model_and_inputs(device, L=L, seed=L, backend="auto")
             launches.clear()
             got = _run(compiled, model, x, h0)

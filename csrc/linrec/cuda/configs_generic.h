@@ -5,13 +5,9 @@
 namespace linrec {
 
 inline ScanDefaults defaults_generic(int elem_size, bool backward, int group_width) {
-  ScanDefaults d{};
-  d.tile_lookback = 2;  // the largest tile: fewest look-back hops
-  d.stream = -1;        // bulk copies (cp.async.bulk) need compute capability 9.0
-  // Channel groups as on Hopper (no other GPU measured).
-  const ScanDefaults hopper = defaults_sm90(elem_size, backward, group_width);
-  d.channel = hopper.channel;
-  d.channel_pipe = hopper.channel_pipe;
+  // Tiles and channel groups as on Hopper (no other GPU measured).
+  ScanDefaults d = defaults_sm90(elem_size, backward, group_width);
+  d.stream = -1;  // bulk copies (cp.async.bulk) need compute capability 9.0
   return d;
 }
 

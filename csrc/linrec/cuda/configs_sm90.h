@@ -14,10 +14,11 @@ struct ScanDefaults {
 
 inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width) {
   ScanDefaults d{};
-  // 4-byte forward: 2048-step tiles of 128 threads, the tuner's choice for every look-back bucket
-  // on the H100 and H200 (4 x 2^24: 0.65 of torch.add vs 0.56 with 4096-step tiles, H100); else
-  // 4096-step tiles of 256 threads (few-long 0.63 vs 0.57 for 128 threads, H200).
-  d.tile_lookback = elem_size == 4 && !backward ? 3 : 2;
+  // The tuner's choices for the look-back buckets (16 x 2^22, 4 x 2^24) on the H100 and the H200:
+  // 4-byte forward 2048-step tiles of 128 threads (H100 16 x 2^22: 0.65 of torch.add vs 0.56 with
+  // 1024-step tiles), backward 1024-step tiles of 128 threads; 2-byte 4096-step tiles of 128
+  // threads both ways (bf16 forward 0.53, backward 0.56).
+  d.tile_lookback = elem_size == 2 ? 2 : backward ? 1 : 3;
   // 512 threads: twice the warps hide the per-tile latency (the configs are even since the
   // per-tile overheads went; 4 stayed).
   d.stream = 4;

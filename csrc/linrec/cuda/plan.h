@@ -133,7 +133,7 @@ inline std::string applicable_config_names(const ScanParams& p, int elem_size, c
 }
 
 inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config,
-                      bool lookback_default) {
+                      int lookback_default) {
   const int64_t L = p.len;
   int by_length = kNumSizeTileConfigs - 1;
   for (int i = 0; i < kNumSizeTileConfigs; ++i)
