@@ -70,22 +70,20 @@ __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, c
   }
 }
 
-// Shared memory layout of the backward kernel, in floats: 2 buffers of (B, C) tiles, the five
-// per-step tiles, the sub-chunk entry states, then one region used in turn by the raw per-step
-// window of a tile (stage_window, until the tiles are filled) and by the dB/dC values of a sub-chunk: per kind (dB, dC; the kinds kKind apart,
-// 16 floats off a multiple of 32 so that the flush reads both conflict-free), warp and step, each
-// lane's SPT values (plain vector stores; the flush sums a warp's channels and then the warps).
+// Shared memory layout of the backward kernel, in floats: 2 buffers of (B, C) tiles, one of the raw
+// per-step window, the five per-step tiles, then the dB/dC sums of a sub-chunk: one (S, 2 NP) slice per warp (plain stores,
+// summed at the flush; shared atomics into one slice were 8 per thread-step at N_pad >= 128).
 template <typename T, int SPT, int TPC>
 struct BackwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
   static constexpr int S = 4, kMaxSub = TS / S, kWarps = kThreads / 32;
-  static constexpr int kRawFloats = 4 * 4 * StagedWindow<T, CPB, TS>::NV;  // (u, delta, dout, z) vectors
-  static constexpr int kKind = kWarps * S * 32 * SPT + 16, kRedFloats = 2 * kKind;
-  static constexpr int kRows = 4 * TS * NP, kTile = CPB * (TS + 1);
-  static constexpr int kSub = kRows + 5 * kTile;  // sub-chunk entry states
+  // One buffer of the raw (u, delta, dout, z) window: the next tile's copy starts once its per-step
+  // tiles are filled (two buffers would leave the float32 kernel 2 blocks per SM).
+  static constexpr int kRawVectors = 4 * StagedWindow<T, CPB, TS>::NV;
+  static constexpr int kRaw = 4 * TS * NP, kRows = kRaw + 4 * kRawVectors, kTile = CPB * (TS + 1);
+  static constexpr int kSub = kRows + 5 * kTile;                          // sub-chunk entry states
   static constexpr int kRed = ((kSub + kMaxSub * SPT * kThreads + 3) / 4) * 4;
-  static constexpr int kFloats = kRed + (kRawFloats > kRedFloats ? kRawFloats : kRedFloats);
-  static_assert(kWarps * 8 == 32, "the flush reduces over warps in lane bits 8 and 16");
+  static constexpr int kFloats = kRed + kWarps * S * 2 * NP;
 };
 
 // 3 blocks (12 warps) per SM below N_pad = 256: at most 168 registers (unbounded, the compiler takes
@@ -95,13 +93,14 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
                                                             const int loads) {
   using L = BackwardSmem<T, SPT, TPC>;
   constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB;
-  constexpr int CPW = 32 / TPC;  // channels per warp
+  constexpr int CPW = 32 / TPC, NV = 2 * SPT;
+  static_assert(NV >= CPW, "the reduce-scatter leaves at least one value per lane");
   extern __shared__ __align__(16) float smem[];
   const BackwardTiles tl{smem + L::kRows, smem + L::kRows + L::kTile, smem + L::kRows + 2 * L::kTile,
                          smem + L::kRows + 3 * L::kTile, smem + L::kRows + 4 * L::kTile};
   const Channel c = channel_of<CPB>(p, grp);
   const int lane = threadIdx.x % 32, n0 = (threadIdx.x % TPC) * SPT, cl = threadIdx.x / TPC;
-  float* red = smem + L::kRed + ((threadIdx.x / 32) * S * 32 + lane) * SPT;  // this lane's dB values of step 0
+  float* red = smem + L::kRed + (threadIdx.x / 32) * S * 2 * NP;
   const int64_t len = p.len;
   float A2[SPT], g[SPT], a_next[SPT], dA[SPT];
 #pragma unroll
@@ -122,25 +121,26 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
   const float* r_dy = tl.dy + cl * (TS + 1);
   float dD = 0.f, dbias = 0.f;
 
-  // B and C of tile k - 1 are copied (cp.async) while the block works on tile k; the raw window of
-  // a tile is copied when the tile starts (its region holds the dB/dC values meanwhile).
+  // Tile k - 1's raw window and B, C are copied (cp.async) while the block works on tile k.
   Strided3 in[4];
   backward_inputs(p, in);
   const int staged = staged_loads<T, CPB>(loads, c.count, c.first_d);
-  uint4* raw = reinterpret_cast<uint4*>(smem + L::kRed);
-  if (ntiles > 0) stage_bc<NP, TS>(smem + ((ntiles - 1) % 2) * 2 * TS * NP, Bg, Cg, (ntiles - 1) * TS, len);
+  uint4* raw = reinterpret_cast<uint4*>(smem + L::kRaw);
+  if (ntiles > 0) {
+    if (staged) stage_window<T, CPB, TS, 4>(raw, in, staged, c.b, c.first_d, c.count, (ntiles - 1) * TS, len);
+    stage_bc<NP, TS>(smem + ((ntiles - 1) % 2) * 2 * TS * NP, Bg, Cg, (ntiles - 1) * TS, len);
+  }
   for (int64_t k = ntiles - 1; k >= 0; --k) {
     const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
     const int nsub = static_cast<int>((t1 - t0 + S - 1) / S);
-    if (staged) {
-      stage_window<T, CPB, TS, 4>(raw, in, staged, c.b, c.first_d, c.count, t0, len);
-      cp_async_commit();
-    }
     cp_async_wait<0>();
     __syncthreads();  // tile k's copies are in
     load_backward_tiles<T, CPB, TS>(p, c, t0, staged, raw, tl);
-    if (k > 0) stage_bc<NP, TS>(smem + ((k - 1) % 2) * 2 * TS * NP, Bg, Cg, t0 - TS, len);
-    __syncthreads();  // the per-step tiles are filled: the raw window's region is free
+    __syncthreads();  // the per-step tiles are filled: the raw buffer is free
+    if (k > 0) {
+      if (staged) stage_window<T, CPB, TS, 4>(raw, in, staged, c.b, c.first_d, c.count, t0 - TS, len);
+      stage_bc<NP, TS>(smem + ((k - 1) % 2) * 2 * TS * NP, Bg, Cg, t0 - TS, len);
+    }
     const float* sB = smem + (k % 2) * 2 * TS * NP + n0;
     const float* sC = sB + TS * NP;
 
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
         float Bv[SPT], Cv[SPT];
         states_at<SPT>(sB + s * NP, Bv);
         states_at<SPT>(sC + s * NP, Cv);
-        float vb[SPT], vc[SPT], ddt_a = 0.f, dub = 0.f;
+        float v[NV], ddt_a = 0.f, dub = 0.f;
 #pragma unroll
         for (int n = 0; n < SPT; ++n) {
           const float hp = t > 0 ? hs[t > 0 ? t - 1 : 0][n] : h0s[n];
@@ -222,8 +222,8 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
           ddt_a = fmaf(gah, A2[n], ddt_a);  // times ln 2 below: A = A2 ln 2
           dub = fmaf(g[n], Bv[n], dub);
           dA[n] = fmaf(gah, dt, dA[n]);
-          vb[n] = g[n] * dtu;  // zero for the padding channels of a block: their u and dy are 0
-          vc[n] = dy * hs[t][n];
+          v[n] = g[n] * dtu;  // zero for the padding channels of a block: their u and dy are 0
+          v[SPT + n] = dy * hs[t][n];
         }
         const float sa = channel_sum<TPC>(ddt_a), sb = channel_sum<TPC>(dub);
         const float ddelta = fmaf(sa, kLn2, sb * u) * tl.dscale[cl * (TS + 1) + s];
@@ -234,37 +234,27 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
           tl.u[cl * (TS + 1) + s] = fmaf(sb, dt, dy * Dd);
           tl.dt[cl * (TS + 1) + s] = ddelta;
         }
+        int off = 0;
+        reduce_scatter<NV, 16, TPC>(v, lane, off);  // over the warp's channels
 #pragma unroll
-        for (int q = 0; q < SPT / 4; ++q) {
-          reinterpret_cast<float4*>(red + t * 32 * SPT)[q] = make_float4(vb[4 * q], vb[4 * q + 1], vb[4 * q + 2], vb[4 * q + 3]);
-          reinterpret_cast<float4*>(red + L::kKind + t * 32 * SPT)[q] =
-              make_float4(vc[4 * q], vc[4 * q + 1], vc[4 * q + 2], vc[4 * q + 3]);
+        for (int i = 0; i < NV / CPW; ++i) {
+          const int j2 = off + i;  // dB state n0 + j2, or dC state n0 + j2 - SPT
+          red[t * 2 * NP + (j2 < SPT ? n0 + j2 : NP + n0 + j2 - SPT)] = v[i];
         }
       }
       __syncthreads();
-      // The flush: float4 output o (step t, kind, states n .. n + 3) of each warp w sums the warp's
-      // channels (lanes i % 8 of lane group w); the 4 lane groups then add up by shuffles.
-      constexpr int kOut = S * 2 * NP / 4;
-      for (int i = threadIdx.x; i < kOut * L::kWarps; i += kThreads) {
-        const int w = (i / 8) % L::kWarps, o = (i / (8 * L::kWarps)) * 8 + i % 8;
-        const int t = o / (NP / 2), kind = (o / (NP / 4)) % 2, n = (o % (NP / 4)) * 4;
-        const float* src = smem + L::kRed + kind * L::kKind + (w * S + t) * 32 * SPT + n;
-        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int cw = 0; cw < CPW; ++cw) {
-          const float4 x = *reinterpret_cast<const float4*>(src + cw * NP);
-          val.x += x.x, val.y += x.y, val.z += x.z, val.w += x.w;
-        }
-#pragma unroll
-        for (int m = 8; m < 32; m *= 2) {
-          val.x += __shfl_xor_sync(0xffffffffu, val.x, m);
-          val.y += __shfl_xor_sync(0xffffffffu, val.y, m);
-          val.z += __shfl_xor_sync(0xffffffffu, val.z, m);
-          val.w += __shfl_xor_sync(0xffffffffu, val.w, m);
-        }
+      const float* red0 = smem + L::kRed;
+      for (int i = threadIdx.x; i < S * 2 * NP / 4; i += kThreads) {
+        const int t = (4 * i) / (2 * NP), col = (4 * i) % (2 * NP);
         const int64_t l = t0 + s0 + t;
-        if (w != 0 || l >= t1) continue;
-        float* dst = (kind == 0 ? p.dB + bc_b : p.dC + bc_c) + l * NP + n;
+        if (l >= t1) continue;
+        float4 val = reinterpret_cast<const float4*>(red0)[i];
+#pragma unroll
+        for (int w = 1; w < L::kWarps; ++w) {
+          const float4 o = reinterpret_cast<const float4*>(red0 + w * S * 2 * NP)[i];
+          val.x += o.x, val.y += o.y, val.z += o.z, val.w += o.w;
+        }
+        float* dst = col < NP ? p.dB + bc_b + l * NP + col : p.dC + bc_c + l * NP + col - NP;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         atomicAdd(reinterpret_cast<float4*>(dst), val);
 #else
