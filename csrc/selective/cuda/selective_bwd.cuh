@@ -19,18 +19,11 @@ struct BackwardTiles {
   float *dt, *u, *dy, *dzf, *dscale;  // dzf = dout silu'(z) (dz = y dzf); dscale = d dt / d delta
 };
 
-// The backward's per-step inputs, in the order its tiles are filled from.
-__device__ __forceinline__ void backward_inputs(const SelectiveParams& p, Strided3 (&in)[4]) {
-  in[0] = p.u, in[1] = p.delta, in[2] = p.dout, in[3] = p.z;
-}
-
-// Fills the per-step tiles of the tile at t0 from its window staged in `raw` (`staged`: how,
-// staged_loads) or, when it could not be staged, from global memory.
+// Fills the per-step tiles of the tile at t0 from `in` = (u, delta, dout, z): its window staged in
+// `raw` (`staged`: how, staged_loads) or, when it could not be staged, from global memory.
 template <typename T, int CPB, int TS>
-__device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0, int staged,
-                                                    const uint4* raw, const BackwardTiles& tl) {
-  Strided3 in[4];
-  backward_inputs(p, in);
+__device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Strided3 (&in)[4], const Channel& c,
+                                                    int64_t t0, int staged, const uint4* raw, const BackwardTiles& tl) {
   const bool has_z = p.z.p != nullptr;
   auto fill = [&](int ch, int s, const float(&v)[4]) {
     const int at = ch * (TS + 1) + s;
@@ -122,8 +115,7 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
   float dD = 0.f, dbias = 0.f;
 
   // Tile k - 1's raw window and B, C are copied (cp.async) while the block works on tile k.
-  Strided3 in[4];
-  backward_inputs(p, in);
+  const Strided3 in[4] = {p.u, p.delta, p.dout, p.z};
   const int staged = staged_loads<T, CPB>(loads, c.count, c.first_d);
   uint4* raw = reinterpret_cast<uint4*>(smem + L::kRaw);
   if (ntiles > 0) {
@@ -135,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
     const int nsub = static_cast<int>((t1 - t0 + S - 1) / S);
     cp_async_wait<0>();
     __syncthreads();  // tile k's copies are in
-    load_backward_tiles<T, CPB, TS>(p, c, t0, staged, raw, tl);
+    load_backward_tiles<T, CPB, TS>(p, in, c, t0, staged, raw, tl);
     __syncthreads();  // the per-step tiles are filled: the raw buffer is free
     if (k > 0) {
       if (staged) stage_window<T, CPB, TS, 4>(raw, in, staged, c.b, c.first_d, c.count, t0 - TS, len);
