@@ -89,12 +89,17 @@ struct ChannelPack {
   // The group at p of a kChecked lane (every lane of the warp calls these: shuffles); p is valid
   // memory for every lane (clamped to the row). Loaded channels past `valid` get what follows in
   // memory; stored ones are left alone.
-  __device__ __forceinline__ void load_run(const T* p) {
+  // Loading takes two passes over a span's groups, so that all loads are in flight before the
+  // first shuffle: the aligned word under the group's start, then the realignment.
+  __device__ __forceinline__ void load_aligned(const T* p) {
     static_assert(CPL > 1, "one channel per lane is never misaligned");
     const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-    const int mb = static_cast<int>(at % kBytes);
+    load_words(reinterpret_cast<const uint32_t*>(at - at % kBytes), v);
+  }
+  __device__ __forceinline__ void realign(const T* p) {
+    const int mb = static_cast<int>(reinterpret_cast<uintptr_t>(p) % kBytes);
     uint32_t x[NW], y[NW], out[NW];
-    load_words(reinterpret_cast<const uint32_t*>(at - mb), x);
+    memcpy(x, v, kBytes);
 #pragma unroll
     for (int j = 0; j < NW; ++j) y[j] = __shfl_down_sync(0xffffffffu, x[j], 1);
     shift_bytes<NW>(x, y, mb, out);
@@ -131,7 +136,7 @@ struct ChannelPack {
   }
 
  private:
-  __device__ __forceinline__ static void load_words(const uint32_t* a, uint32_t (&w)[NW]) {
+  __device__ __forceinline__ static void load_words(const uint32_t* a, T (&w)[CPL]) {
     const Word x = *reinterpret_cast<const Word*>(a);
     memcpy(w, &x, kBytes);
   }
@@ -209,10 +214,6 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
     active = seq < p.num_seq;  // num_seq is a multiple of CPL
     valid = CPL;
   }
-  const auto load_group = [&](Pack& g, const T* ptr) {
-    if constexpr (kChecked) g.load_run(ptr);
-    else g.load(ptr);
-  };
   const auto store_group = [&](const Pack& g, T* ptr) {
     if constexpr (kChecked) g.store_run(ptr, run);
     else g.store(ptr);
@@ -238,25 +239,38 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   // A thread's CH steps of one span from t0 (n of them valid: the same for a warp's lanes in the
   // kChecked instances, whose inactive lanes take part in the shuffles); the backward's c[t-1] and
   // y[t+1] (`initial` past the end), see scan_tile.cuh.
+  // kChecked: two passes, so that all loads are in flight before the first shuffle: the aligned
+  // words under the groups' starts, then the realignment.
   const auto load_span = [&](int64_t t0, int n, Pack(&v)[CH], Pack(&c)[CH], Pack(&yn)[CH]) {
 #pragma unroll
-    for (int i = 0; i < CH; ++i) {
-      const int64_t t = t0 + i;
-      v[i].fill(0.f);
-      c[i].fill(1.f);
-      if constexpr (kBackward) yn[i].fill(0.f);
-      if (i < n) {
-        load_group(v[i], in + t * ls_in);
-        if constexpr (!kBackward) {
-          load_group(c[i], cf + t * ls_c);
-        } else {
-          if (t > 0) load_group(c[i], cf + (t - 1) * ls_c);
-          else c[i].fill(0.f);
-          if (t + 1 < L) {
-            load_group(yn[i], y + (t + 1) * ls_y);
-          } else {
+    for (int pass = 0; pass < (kChecked ? 2 : 1); ++pass) {
+      const bool first = pass == 0;
+      const auto group = [&](Pack& g, const T* ptr) {
+        if constexpr (!kChecked) g.load(ptr);
+        else if (first) g.load_aligned(ptr);
+        else g.realign(ptr);
+      };
 #pragma unroll
-            for (int k = 0; k < CPL; ++k) yn[i].set(k, init[k]);
+      for (int i = 0; i < CH; ++i) {
+        const int64_t t = t0 + i;
+        if (first) {
+          v[i].fill(0.f);
+          c[i].fill(1.f);
+          if constexpr (kBackward) yn[i].fill(0.f);
+        }
+        if (i < n) {
+          group(v[i], in + t * ls_in);
+          if constexpr (!kBackward) {
+            group(c[i], cf + t * ls_c);
+          } else {
+            if (t > 0) group(c[i], cf + (t - 1) * ls_c);
+            else if (first) c[i].fill(0.f);
+            if (t + 1 < L) {
+              group(yn[i], y + (t + 1) * ls_y);
+            } else if (first) {
+#pragma unroll
+              for (int k = 0; k < CPL; ++k) yn[i].set(k, init[k]);
+            }
           }
         }
       }
