@@ -65,16 +65,8 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
     case ScanKind::kChannel:
       return with_config<kNumChannelConfigs>(plan.config, [&](auto i) {
         constexpr ChannelConfig cfg = channel_config(sizeof(T), i);
-        const ChannelArgs args{plan.num_chunks, plan.per_chunk, channel_blocks(p, cfg, plan.channel_unaligned),
-                               channel_rows(p, cfg, plan.channel_unaligned), lb};
-        if constexpr (cfg.cpl > 1) {
-          if (plan.channel_unaligned) {
-            scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, cfg.prefetch, kBackward, true>
-                <<<plan.grid, cfg.threads(), 0, stream>>>(p, args);
-            return cudaGetLastError();
-          }
-        }
-        scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, cfg.prefetch, kBackward, false>
+        const ChannelArgs args{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, cfg.channels()), lb};
+        scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, cfg.prefetch, kBackward>
             <<<plan.grid, cfg.threads(), 0, stream>>>(p, args);
         return cudaGetLastError();
       });

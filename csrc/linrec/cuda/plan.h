@@ -43,7 +43,6 @@ struct ScanPlan {
   int64_t grid;            // blocks
   unsigned vec_mask;       // tile and stream kernels: slots that take 16-byte vector accesses
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
-  bool channel_unaligned;  // channel kernel: groups may be partial or misaligned (checked per access)
   size_t workspace_bytes;  // look-back status (0 without look-back)
   size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
 };
@@ -69,60 +68,27 @@ inline bool vectorizable(const ScanParams& p, int slot, int elem_size) {
   return true;
 }
 
-// Streamed operands of the channel kernel (the accumulated coeff gradient is added per element).
-template <typename F>
-inline bool all_channel_slots(const ScanParams& p, F&& f) {
-  for (int slot : {kIn, kCoeff, kOut, kGradIn, kGradCoeff})
-    if (p.ptr[slot] && !(slot == kGradCoeff && p.accumulate_grad_coeff) && !f(slot)) return false;
+// Whether the channel kernel may take groups of `cpl` adjacent channels per lane: every strided
+// operand has unit stride between channels, a multiple of `cpl` of them per row, and
+// group-aligned steps (one access of cpl elements).
+inline bool channel_groups(const ScanParams& p, int elem_size, int cpl) {
+  if (cpl == 1) return true;
+  if (p.nbatch == 0 || p.bsize[0] % cpl != 0) return false;
+  for (int slot : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) {
+    if (!p.ptr[slot] || (slot == kGradCoeff && p.accumulate_grad_coeff)) continue;
+    if (p.bstride[slot][0] != 1 || p.lstride[slot] % cpl != 0) return false;
+    for (int i = 1; i < p.nbatch; ++i)
+      if (p.bstride[slot][i] % cpl != 0) return false;
+    if (reinterpret_cast<uintptr_t>(p.ptr[slot]) % (cpl * elem_size) != 0) return false;
+  }
   return true;
 }
 
-// Whether the channel kernel may take groups of `cpl` adjacent channels per lane: every streamed
-// operand has unit stride between channels (the innermost batch dim).
-inline bool channel_groups(const ScanParams& p, int cpl) {
-  return cpl == 1 || (p.nbatch > 0 && all_channel_slots(p, [&](int s) { return p.bstride[s][0] == 1; }));
-}
-
-// Whether every group of `cpl` channels is whole and each access of one aligned: a multiple of
-// `cpl` channels per row, group-aligned strides and pointers. Otherwise the kernel checks each
-// access (ScanPlan::channel_unaligned).
-inline bool channel_groups_aligned(const ScanParams& p, int elem_size, int cpl) {
-  if (cpl == 1) return true;
-  if (!channel_groups(p, cpl) || p.bsize[0] % cpl != 0) return false;
-  return all_channel_slots(p, [&](int s) {
-    for (int i = 1; i < p.nbatch; ++i)
-      if (p.bstride[s][i] % cpl != 0) return false;
-    return p.lstride[s] % cpl == 0 && reinterpret_cast<uintptr_t>(p.ptr[s]) % (cpl * elem_size) == 0;
-  });
-}
-
-// The widest channel group per lane (1, 2, 4 or 8 channels, at most 16 bytes) this problem allows:
-// aligned groups where they exist, else (unit channel stride) the widest, checked per access.
+// The widest channel group per lane (1, 2, 4 or 8 channels, at most 16 bytes) this problem allows.
 inline int channel_group_width(const ScanParams& p, int elem_size) {
   for (int cpl = 16 / elem_size; cpl > 1; cpl /= 2)
-    if (channel_groups_aligned(p, elem_size, cpl)) return cpl;
-  return channel_groups(p, 2) ? 16 / elem_size : 1;
-}
-
-// Lanes of a warp that own channels in the channel kernel's checked instances (misaligned groups):
-// lane 31 loads the word after lane 30's group, which lane 30 takes by shuffle.
-constexpr int kCheckedLanes = 31;
-
-// How the channel kernel's blocks cover the channels: `rows` rows of `width` channels (the
-// innermost batch dim), each row its own `blocks_per_row` blocks in the checked instances (a warp's
-// groups are contiguous in memory); 0 blocks per row: blocks over the flat channel index.
-struct ChannelRows {
-  int64_t rows, width, blocks_per_row;
-};
-inline ChannelRows channel_rows(const ScanParams& p, const ChannelConfig& cfg, bool unaligned) {
-  const int64_t width = p.nbatch > 0 ? p.bsize[0] : 1;
-  if (!unaligned || width == 0) return {0, width, 0};
-  return {p.num_seq / width, width, ceil_div(width, int64_t(kCheckedLanes) * cfg.cpl)};
-}
-// Blocks of channels (per span of steps).
-inline int64_t channel_blocks(const ScanParams& p, const ChannelConfig& cfg, bool unaligned) {
-  const ChannelRows r = channel_rows(p, cfg, unaligned);
-  return r.blocks_per_row ? r.rows * r.blocks_per_row : ceil_div(p.num_seq, cfg.channels());
+    if (channel_groups(p, elem_size, cpl)) return cpl;
+  return 1;
 }
 
 inline ScanDefaults device_defaults(const DeviceInfo& dev, int elem_size, bool backward, int group_width) {
@@ -145,7 +111,7 @@ inline bool config_applies(const ScanParams& p, int elem_size, const DeviceInfo&
   const bool channel = is_channel_layout(p);
   switch (kind) {
     case ScanKind::kTile: return !channel;
-    case ScanKind::kChannel: return channel && channel_groups(p, channel_config(elem_size, index).cpl);
+    case ScanKind::kChannel: return channel && channel_groups(p, elem_size, channel_config(elem_size, index).cpl);
     case ScanKind::kStream: {
       if (channel || dev.cc_major < 9) return false;
       const StreamConfig cfg = stream_config(elem_size, index);
@@ -214,8 +180,8 @@ inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int 
 // Whether the channel blocks of config `cfg` walk L one span after the other ("pipe", no
 // look-back): when they alone fill two waves (3/4 of one for a prefetching forward config, whose
 // blocks keep their loads in flight along L).
-inline bool channel_pipe(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ChannelConfig& cfg) {
-  const int64_t seq_blocks = channel_blocks(p, cfg, !channel_groups_aligned(p, elem_size, cfg.cpl));
+inline bool channel_pipe(const ScanParams& p, const DeviceInfo& dev, const ChannelConfig& cfg) {
+  const int64_t seq_blocks = ceil_div(p.num_seq, cfg.channels());
   const int64_t resident_blocks = dev.num_sms * cfg.min_blocks;
   return cfg.prefetch && !p.backward ? 4 * seq_blocks >= 3 * resident_blocks : seq_blocks >= 2 * resident_blocks;
 }
@@ -225,9 +191,8 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
   plan.kind = ScanKind::kChannel;
   plan.config = config;
   const int64_t spans = ceil_div(p.len, cfg.span());
-  plan.channel_unaligned = !channel_groups_aligned(p, elem_size, cfg.cpl);
-  const int64_t seq_blocks = channel_blocks(p, cfg, plan.channel_unaligned);
-  if (spans == 1 || channel_pipe(p, elem_size, dev, cfg) || p.deterministic) {
+  const int64_t seq_blocks = ceil_div(p.num_seq, cfg.channels());
+  if (spans == 1 || channel_pipe(p, dev, cfg) || p.deterministic) {
     plan.num_chunks = 1;
     plan.per_chunk = spans;
   } else {  // every span its own block, chained by look-back
@@ -254,7 +219,7 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
   const ScanDefaults def = device_defaults(dev, elem_size, p.backward, channel ? channel_group_width(p, elem_size) : 1);
   if (channel) {
     int config = req.index >= 0 ? req.index : def.channel;
-    if (req.index < 0 && def.channel_pipe >= 0 && channel_pipe(p, elem_size, dev, channel_config(elem_size, def.channel_pipe)))
+    if (req.index < 0 && def.channel_pipe >= 0 && channel_pipe(p, dev, channel_config(elem_size, def.channel_pipe)))
       config = def.channel_pipe;
     plan_channel(plan, p, elem_size, dev, config);
   } else {
@@ -273,14 +238,8 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     }
   }
   if (plan.num_chunks > 1 && plan.kind != ScanKind::kStream) {
-    // look-back: a counter, then two status words per (sequence, chunk); the channel kernel's
-    // sequences are its blocks' channel slots
-    int64_t seqs = p.num_seq;
-    if (plan.kind == ScanKind::kChannel) {
-      const ChannelConfig cfg = channel_config(elem_size, plan.config);
-      seqs = channel_blocks(p, cfg, plan.channel_unaligned) * cfg.channels();
-    }
-    plan.workspace_bytes = 16 + static_cast<size_t>(seqs * plan.num_chunks) * 16;
+    // look-back: a counter, then two status words per (sequence, chunk)
+    plan.workspace_bytes = 16 + static_cast<size_t>(p.num_seq * plan.num_chunks) * 16;
     plan.zeroed_bytes = plan.workspace_bytes;
   }
   return plan;

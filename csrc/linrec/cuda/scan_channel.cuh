@@ -11,15 +11,12 @@
 //
 // CPL > 1 moves a group of adjacent channels per access, up to 16 bytes (with one 2-byte
 // channel per lane a warp row is 64 bytes, and bf16 mamba-BLD ran at half the GB/s of
-// float32). It needs every streamed operand's channels adjacent (unit stride). Where D, the
-// strides or the pointers leave groups partial or misaligned (odd D in 2-byte (B, L, D):
-// ScanPlan::channel_unaligned), the kChecked instances give each block 31 groups of one row and
-// realign every access by shuffles (RunLane).
+// float32). The planner takes it only where every strided operand has its channels adjacent
+// (unit stride) and groups aligned.
 #pragma once
 #include <cstring>
 #include <type_traits>
 
-#include "plan.h"  // ChannelRows
 #include "scan_common.cuh"
 
 namespace linrec {
@@ -27,8 +24,7 @@ namespace linrec {
 struct ChannelArgs {
   int64_t num_chunks;      // spans per sequence, one per block (look-back when > 1)
   int64_t spans_per_block; // spans a block walks one after the other (1 with look-back)
-  int64_t num_seq_blocks;  // blocks of 32 * CPL virtual channels
-  ChannelRows rows;        // kChecked: the blocks of each row (plan.h)
+  int64_t num_seq_blocks;  // blocks of 32 * CPL sequences
   LookbackState lb;
 };
 
@@ -38,41 +34,11 @@ template <> struct AccessWord<4> { using type = unsigned; };
 template <> struct AccessWord<8> { using type = uint2; };
 template <> struct AccessWord<16> { using type = uint4; };
 
-// A lane of a kChecked instance: a warp's 31 groups are contiguous in memory (one row), each
-// access misaligned by the same `mb` bytes. A lane loads the aligned word under its group's start
-// and takes the rest from the next lane's (lane 31 loads the word after lane 30's group, clamped to
-// the row), and stores the aligned word under its group's end, made of its tail and the next
-// lane's head, where that word lies in the row; the bytes no such word covers, by element.
-struct RunLane {
-  bool active;     // the lane has channels: lane < 31, inside the row
-  int lane;
-  int valid;       // channels of the lane's group inside the row
-  int64_t col;     // the group's first channel in the row
-  int64_t width;   // channels per row
-};
-
-// Bytes [sh, sh + 4 NW) of the 2 NW words x ++ y (little-endian), 0 <= sh < 4 NW, sh a multiple of 2.
-template <int NW>
-__device__ __forceinline__ void shift_bytes(const uint32_t (&x)[NW], const uint32_t (&y)[NW], int sh,
-                                            uint32_t (&out)[NW]) {
-  uint32_t z[2 * NW];
-#pragma unroll
-  for (int j = 0; j < NW; ++j) z[j] = x[j], z[NW + j] = y[j];
-  const int q = sh >> 2;
-#pragma unroll
-  for (int bit = 1; bit < NW; bit <<= 1)  // shift by q words: one select stage per bit of q
-#pragma unroll
-    for (int j = 0; j + bit < 2 * NW; ++j) z[j] = (q & bit) ? z[j + bit] : z[j];
-#pragma unroll
-  for (int j = 0; j < NW; ++j) out[j] = __funnelshift_r(z[j], z[j + 1], (sh & 3) * 8);
-}
-
 // One step of CPL adjacent channels, kept as loaded (2-byte values stay packed: half the
 // registers) and converted per use.
 template <typename T, int CPL>
 struct ChannelPack {
   using Word = typename AccessWord<CPL * sizeof(T)>::type;
-  static constexpr int kBytes = CPL * sizeof(T), NW = (kBytes + 3) / 4;
   T v[CPL];
 
   // p: aligned to CPL elements (the planner's check).
@@ -85,68 +51,6 @@ struct ChannelPack {
     memcpy(&w, v, sizeof(Word));
     *reinterpret_cast<Word*>(p) = w;
   }
-
-  // The group at p of a kChecked lane (every lane of the warp calls these: shuffles); p is valid
-  // memory for every lane (clamped to the row). Loaded channels past `valid` get what follows in
-  // memory; stored ones are left alone.
-  // Loading takes two passes over a span's groups, so that all loads are in flight before the
-  // first shuffle: the aligned word under the group's start, then the realignment.
-  __device__ __forceinline__ void load_aligned(const T* p) {
-    static_assert(CPL > 1, "one channel per lane is never misaligned");
-    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-    load_words(reinterpret_cast<const uint32_t*>(at - at % kBytes), v);
-  }
-  __device__ __forceinline__ void realign(const T* p) {
-    const int mb = static_cast<int>(reinterpret_cast<uintptr_t>(p) % kBytes);
-    uint32_t x[NW], y[NW], out[NW];
-    memcpy(x, v, kBytes);
-#pragma unroll
-    for (int j = 0; j < NW; ++j) y[j] = __shfl_down_sync(0xffffffffu, x[j], 1);
-    shift_bytes<NW>(x, y, mb, out);
-    memcpy(v, out, kBytes);
-  }
-  __device__ __forceinline__ void store_run(T* p, const RunLane& r) const {
-    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-    const int mb = static_cast<int>(at % kBytes);
-    const int split = (kBytes - mb) / static_cast<int>(sizeof(T));  // channels before the next aligned word
-    uint32_t x[NW], y[NW], out[NW];
-    memcpy(x, v, kBytes);
-#pragma unroll
-    for (int j = 0; j < NW; ++j) y[j] = __shfl_down_sync(0xffffffffu, x[j], 1);
-    if (!r.active) return;
-    if (mb == 0) {
-      if (r.valid == CPL) store_words(reinterpret_cast<uint32_t*>(at), x);
-      else
-#pragma unroll
-        for (int k = 0; k < CPL; ++k)
-          if (k < r.valid) p[k] = v[k];
-      return;
-    }
-    // The aligned word under this group's end (its last CPL - split channels, the next lane's first
-    // split) lies in the row; likewise the one under its start, stored by the previous lane.
-    const bool end_word = r.lane + 1 < kCheckedLanes && r.col + CPL + split <= r.width;
-    const bool start_word = r.lane > 0 && r.col + split <= r.width;
-    if (end_word) {
-      shift_bytes<NW>(x, y, kBytes - mb, out);
-      store_words(reinterpret_cast<uint32_t*>(at - mb + kBytes), out);
-    }
-#pragma unroll
-    for (int k = 0; k < CPL; ++k)
-      if (k < r.valid && !(k < split ? start_word : end_word)) p[k] = v[k];
-  }
-
- private:
-  __device__ __forceinline__ static void load_words(const uint32_t* a, T (&w)[CPL]) {
-    const Word x = *reinterpret_cast<const Word*>(a);
-    memcpy(w, &x, kBytes);
-  }
-  __device__ __forceinline__ static void store_words(uint32_t* a, const uint32_t (&w)[NW]) {
-    Word x;
-    memcpy(&x, w, kBytes);
-    *reinterpret_cast<Word*>(a) = x;
-  }
-
- public:
   __device__ __forceinline__ void fill(float f) {
 #pragma unroll
     for (int k = 0; k < CPL; ++k) v[k] = from_float<T>(f);
@@ -173,9 +77,7 @@ struct ChannelPack {
   __device__ __forceinline__ void set(int k, float f) { v[k] = from_float<T>(f); }
 };
 
-// kChecked: groups may be partial or misaligned (ScanPlan::channel_unaligned): runs of groups
-// (RunLane); a separate instance, as its shuffles and checks would cost the aligned ones registers.
-template <typename T, int CH, int ROWS, int MIN_BLOCKS, int CPL, bool kPrefetch, bool kBackward, bool kChecked>
+template <typename T, int CH, int ROWS, int MIN_BLOCKS, int CPL, bool kPrefetch, bool kBackward>
 __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : MIN_BLOCKS)
     scan_channel_kernel(const ScanParams p, const ChannelArgs args) {
   constexpr int kSpan = CH * ROWS, kChannels = 32 * CPL, kThreads = 32 * ROWS;
@@ -193,33 +95,12 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   }
   const int64_t vid = lookback ? s_vid : blockIdx.x;
   const int64_t chunk = vid / args.num_seq_blocks;
-  const int64_t seq_block = vid - chunk * args.num_seq_blocks;
-  // This lane's channels: seq .. seq + valid - 1, one element apart in every streamed operand.
-  // Unchecked: blocks over the flat channel index; kChecked: 31 groups of one row per block, every
-  // lane's pointers clamped to its row.
-  int64_t seq;
-  bool active;
-  int valid;
-  RunLane run{};
-  if constexpr (kChecked) {
-    const ChannelRows cr = args.rows;
-    const int64_t vrow = seq_block / cr.blocks_per_row;
-    const int64_t col = (seq_block - vrow * cr.blocks_per_row) * (kCheckedLanes * CPL) + lane * CPL;
-    active = lane < kCheckedLanes && col < cr.width;
-    valid = active ? static_cast<int>(cr.width - col < CPL ? cr.width - col : CPL) : 0;
-    seq = vrow * cr.width + (col < cr.width ? col : cr.width - 1);
-    run = RunLane{active, lane, valid, col, cr.width};
-  } else {
-    seq = seq_block * kChannels + lane * CPL;
-    active = seq < p.num_seq;  // num_seq is a multiple of CPL
-    valid = CPL;
-  }
-  const auto store_group = [&](const Pack& g, T* ptr) {
-    if constexpr (kChecked) g.store_run(ptr, run);
-    else g.store(ptr);
-  };
+  const int64_t block_seq = (vid - chunk * args.num_seq_blocks) * kChannels;
+  // This lane's channels: seq .. seq + CPL - 1, one step apart in every streamed operand.
+  const int64_t seq = block_seq + lane * CPL;
+  const bool active = seq < p.num_seq;  // CPL > 1: num_seq is a multiple of CPL
 
-  const SeqIndex si(p, active || kChecked ? seq : 0);
+  const SeqIndex si(p, active ? seq : 0);
   const T* in = slot_ptr<T>(p, kIn, si.offset(p, kIn));
   const T* cf = slot_ptr<T>(p, kCoeff, si.offset(p, kCoeff));
   T* y = slot_ptr<T>(p, kOut, si.offset(p, kOut));
@@ -228,7 +109,7 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   float init[CPL];
 #pragma unroll
   for (int k = 0; k < CPL; ++k) {
-    init[k] = h0 && k < valid ? to_float(h0[k * p.bstride[kInit][0]]) : 0.f;
+    init[k] = h0 && active ? to_float(h0[k * p.bstride[kInit][0]]) : 0.f;
     if (row == 0) s_state[k * 32 + lane] = kBackward ? 0.f : init[k];  // read after the first barrier
   }
   T* dx = slot_ptr<T>(p, kGradIn, si.offset(p, kGradIn));  // backward outputs (null in the forward)
@@ -236,41 +117,27 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   float* dc_acc = p.accumulate_grad_coeff ? slot_ptr<float>(p, kGradCoeff, si.offset(p, kGradCoeff)) : nullptr;
   const int64_t ls_dx = p.lstride[kGradIn], ls_dc = p.lstride[kGradCoeff];
 
-  // A thread's CH steps of one span from t0 (n of them valid: the same for a warp's lanes in the
-  // kChecked instances, whose inactive lanes take part in the shuffles); the backward's c[t-1] and
-  // y[t+1] (`initial` past the end), see scan_tile.cuh.
-  // kChecked: two passes, so that all loads are in flight before the first shuffle: the aligned
-  // words under the groups' starts, then the realignment.
+  // A thread's CH steps of one span from t0 (n of them valid); the backward's c[t-1] and y[t+1]
+  // (`initial` past the end), see scan_tile.cuh.
   const auto load_span = [&](int64_t t0, int n, Pack(&v)[CH], Pack(&c)[CH], Pack(&yn)[CH]) {
 #pragma unroll
-    for (int pass = 0; pass < (kChecked ? 2 : 1); ++pass) {
-      const bool first = pass == 0;
-      const auto group = [&](Pack& g, const T* ptr) {
-        if constexpr (!kChecked) g.load(ptr);
-        else if (first) g.load_aligned(ptr);
-        else g.realign(ptr);
-      };
-#pragma unroll
-      for (int i = 0; i < CH; ++i) {
-        const int64_t t = t0 + i;
-        if (first) {
-          v[i].fill(0.f);
-          c[i].fill(1.f);
-          if constexpr (kBackward) yn[i].fill(0.f);
-        }
-        if (i < n) {
-          group(v[i], in + t * ls_in);
-          if constexpr (!kBackward) {
-            group(c[i], cf + t * ls_c);
+    for (int i = 0; i < CH; ++i) {
+      const int64_t t = t0 + i;
+      v[i].fill(0.f);
+      c[i].fill(1.f);
+      if constexpr (kBackward) yn[i].fill(0.f);
+      if (i < n) {
+        v[i].load(in + t * ls_in);
+        if constexpr (!kBackward) {
+          c[i].load(cf + t * ls_c);
+        } else {
+          if (t > 0) c[i].load(cf + (t - 1) * ls_c);
+          else c[i].fill(0.f);
+          if (t + 1 < L) {
+            yn[i].load(y + (t + 1) * ls_y);
           } else {
-            if (t > 0) group(c[i], cf + (t - 1) * ls_c);
-            else if (first) c[i].fill(0.f);
-            if (t + 1 < L) {
-              group(yn[i], y + (t + 1) * ls_y);
-            } else if (first) {
 #pragma unroll
-              for (int k = 0; k < CPL; ++k) yn[i].set(k, init[k]);
-            }
+            for (int k = 0; k < CPL; ++k) yn[i].set(k, init[k]);
           }
         }
       }
@@ -278,7 +145,7 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   };
   const auto span_steps = [&](int64_t span, int64_t* t0) {
     *t0 = (chunk * args.spans_per_block + span) * kSpan + row * CH;
-    return (!kChecked && !active) || *t0 >= L ? 0 : static_cast<int>(L - *t0 < CH ? L - *t0 : CH);
+    return !active || *t0 >= L ? 0 : static_cast<int>(L - *t0 < CH ? L - *t0 : CH);
   };
   // kPrefetch (forward, pipe mode): the next span's loads are issued before this span's compose,
   // so a block walking its channels along L keeps its loads in flight across the span's barriers.
@@ -326,13 +193,12 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
         total = ComposeOp()(total, m);
       }
       float h_in = s_state[j];
-      // look-back status per channel slot of the block: padding slots keep to themselves
-      const int64_t slot = seq_block * kChannels + j, num_slots = args.num_seq_blocks * kChannels;
-      if (lookback) {
-        const int64_t index = chunk * num_slots + slot;
+      const int64_t seq_j = block_seq + (j & 31) * CPL + (j >> 5);
+      if (lookback && seq_j < p.num_seq) {
+        const int64_t index = chunk * p.num_seq + seq_j;
         if (chunk > 0) {
           lb.publish_aggregate(index, total);
-          h_in = lb.look_back(slot, num_slots, chunk);
+          h_in = lb.look_back(seq_j, p.num_seq, chunk);
         }
         lb.publish_inclusive(index, fmaf(total.a, h_in, total.b));
       }
@@ -356,32 +222,25 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
         v[i].set(k, h);
         if (i < n) h_last[k] = h;
       }
-      if (kBackward && dc_acc && k < valid)
+      if (kBackward && dc_acc)
         accumulate_steps<CH>(dc_acc + k * p.bstride[kGradCoeff][0], ls_dc, t0, n, g, /*warp_uniform_address=*/false);
     }
     if constexpr (!kBackward) {
 #pragma unroll
       for (int i = 0; i < CH; ++i)
-        if (i < n) store_group(v[i], y + (t0 + i) * ls_y);
+        if (i < n) v[i].store(y + (t0 + i) * ls_y);
     } else {
 #pragma unroll
       for (int i = 0; i < CH; ++i) {
-        if (i < n) store_group(v[i], dx + (t0 + i) * ls_dx);
-        if (i < n && !dc_acc) store_group(yn[i], dc + (t0 + i) * ls_dc);
+        if (i < n) v[i].store(dx + (t0 + i) * ls_dx);
+        if (i < n && !dc_acc) yn[i].store(dc + (t0 + i) * ls_dc);
       }
-      if (active && n > 0 && t0 + n == L) {  // d initial = c[L-1] * g[L-1]
+      if (n > 0 && t0 + n == L) {  // d initial = c[L-1] * g[L-1]
         T* dh0 = slot_ptr<T>(p, kGradInit, si.offset(p, kGradInit));
-        const T* c_last = cf + (L - 1) * ls_c;
         Pack cl;
-        if constexpr (kChecked) {
+        cl.load(cf + (L - 1) * ls_c);
 #pragma unroll
-          for (int k = 0; k < CPL; ++k) cl.v[k] = k < valid ? c_last[k] : T{};
-        } else {
-          cl.load(c_last);
-        }
-#pragma unroll
-        for (int k = 0; k < CPL; ++k)
-          if (k < valid) dh0[k * p.bstride[kGradInit][0]] = from_float<T>(cl.get(k) * h_last[k]);
+        for (int k = 0; k < CPL; ++k) dh0[k * p.bstride[kGradInit][0]] = from_float<T>(cl.get(k) * h_last[k]);
       }
     }
     __syncthreads();  // s_a / s_b / s_state are rewritten by the next span
