@@ -51,11 +51,16 @@ LINREC_AVX2 inline __m256 load8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 LINREC_AVX2 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-// The bfloat16 bits of each lane (in its low 16 bits).
-LINREC_AVX2 inline __m256i bf16_bits(__m256 v) {
+// Each lane rounded to nearest even bfloat16 in its high half (u + 0x7fff + the kept part's
+// lowest bit), with no NaN test: a NaN whose low 16 bits are zero keeps its high half, still a NaN.
+LINREC_AVX2 inline __m256i bf16_round_high(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
+}
+// The bfloat16 bits of each lane (in its low 16 bits), NaN as c10::BFloat16 gives it (0x7fc0).
+LINREC_AVX2 inline __m256i bf16_bits(__m256 v) {
+  const __m256i r = _mm256_srli_epi32(bf16_round_high(v), 16);
   return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc0)),
                                               _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
 }
@@ -71,16 +76,10 @@ LINREC_AVX2 inline void load16(const c10::BFloat16* p, __m256& a, __m256& b) {
   a = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   b = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
-// The inverse of load16, each value rounded to nearest even (u + 0x7fff + the kept part's lowest
-// bit, then the high half) with no NaN test: a NaN whose low 16 bits are zero keeps its high half,
-// still a NaN (c10::BFloat16 gives 0x7fc0 instead). The walk stores only results of arithmetic on
-// bfloat16 inputs and NaN-free or quiet-NaN states (walk_state), and x86 arithmetic returns one of
-// its NaN operands, quieted, or the default NaN 0xffc00000: every NaN it stores has them zero.
-LINREC_AVX2 inline __m256i bf16_round_high(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
-}
+// The inverse of load16, rounded by bf16_round_high with no NaN test (c10::BFloat16 would give
+// 0x7fc0): the walk stores only results of arithmetic on bfloat16 inputs and NaN-free or quiet-NaN
+// states (walk_state), and x86 arithmetic returns one of its NaN operands, quieted, or the default
+// NaN 0xffc00000: every NaN it stores has its low 16 bits zero.
 LINREC_AVX2 inline void store16(c10::BFloat16* p, __m256 a, __m256 b) {
   const __m256i w = _mm256_blend_epi16(_mm256_srli_epi32(bf16_round_high(a), 16), bf16_round_high(b), 0xaa);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), w);
