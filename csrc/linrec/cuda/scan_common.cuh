@@ -90,14 +90,14 @@ __device__ __forceinline__ void accumulate_steps(float* acc, int64_t ls, int64_t
 }
 
 // Status of every (sequence, chunk) for the decoupled look-back: two 64-bit words per
-// entry, each holding a flag (high half) and a float (low half), so a word is published
-// and read in one access and no memory fence is needed. The workspace is zeroed before each
-// launch. Word 0: (kAggregate, a). Word 1: (kAggregate, b), later overwritten by
-// (kInclusive, state after the chunk). A reader that sees word 1 flagged kAggregate but
-// word 0 still zero simply polls again.
+// entry, each holding a flag (high half) and a float (low half). Word 0: (kAggregate, a).
+// Word 1: (kAggregate, b), later overwritten by (kInclusive, state after the chunk). An entry is
+// read with one 16-byte load (one round trip; each word is read whole, but the pair is not
+// atomic): a reader that sees word 1 flagged kAggregate but word 0 still zero polls again. The
+// workspace is zeroed before each launch.
 struct LookbackState {
   unsigned long long* counter;  // dynamic chunk order: blocks take ids in the order they start
-  unsigned long long* status;   // 2 words per entry
+  unsigned long long* status;   // 2 words per entry, 16-byte aligned
 
   static constexpr unsigned kAggregate = 1, kInclusive = 2;
 
@@ -108,38 +108,29 @@ struct LookbackState {
   __device__ __forceinline__ static float value_of(unsigned long long w) {
     return __uint_as_float(static_cast<unsigned>(w));
   }
-  __device__ __forceinline__ void store(int64_t word, unsigned long long w) const {
-    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(status[word]).store(w, cuda::memory_order_relaxed);
+  // Whether a read entry holds an inclusive prefix or a complete aggregate.
+  __device__ __forceinline__ static bool ready(unsigned long long w0, unsigned long long w1) {
+    return flag_of(w1) == kInclusive || (flag_of(w1) == kAggregate && flag_of(w0) == kAggregate);
   }
-  __device__ __forceinline__ unsigned long long load(int64_t word) const {
-    return cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(status[word]).load(cuda::memory_order_relaxed);
+  __device__ __forceinline__ void load_entry(int64_t i, unsigned long long& w0, unsigned long long& w1) const {
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(status + 2 * i) : "memory");
+  }
+  // Polls entry i until it is ready.
+  __device__ __forceinline__ void wait_entry(int64_t i, unsigned long long& w0, unsigned long long& w1) const {
+    load_entry(i, w0, w1);
+    while (!ready(w0, w1)) {
+      load_entry(i, w0, w1);
+    }
   }
 
   __device__ __forceinline__ void publish_aggregate(int64_t i, Affine agg) const {
-    store(2 * i, pack(kAggregate, agg.a));
-    store(2 * i + 1, pack(kAggregate, agg.b));
+    asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(status + 2 * i), "l"(pack(kAggregate, agg.a)),
+                 "l"(pack(kAggregate, agg.b))
+                 : "memory");
   }
-  __device__ __forceinline__ void publish_inclusive(int64_t i, float h) const { store(2 * i + 1, pack(kInclusive, h)); }
-
-  // Polls entry i until it holds an inclusive prefix (returns kInclusive and sets h) or a
-  // complete aggregate (returns kAggregate and sets a, b).
-  __device__ __forceinline__ unsigned wait_entry(int64_t i, float& a, float& b, float& h) const {
-    for (;;) {
-      const unsigned long long w1 = load(2 * i + 1);
-      const unsigned f = flag_of(w1);
-      if (f == kInclusive) {
-        h = value_of(w1);
-        return f;
-      }
-      if (f == kAggregate) {
-        const unsigned long long w0 = load(2 * i);
-        if (flag_of(w0) == kAggregate) {
-          a = value_of(w0);
-          b = value_of(w1);
-          return f;
-        }
-      }
-    }
+  __device__ __forceinline__ void publish_inclusive(int64_t i, float h) const {
+    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(status[2 * i + 1])
+        .store(pack(kInclusive, h), cuda::memory_order_relaxed);
   }
 
   // State before chunk `chunk` (> 0) of a sequence whose chunk k lives at index base + k * step.
@@ -147,10 +138,11 @@ struct LookbackState {
   __device__ __forceinline__ float look_back(int64_t base, int64_t step, int64_t chunk) const {
     float p = 1.f, q = 0.f;  // state before `chunk` = p * (state after chunk k) + q
     for (int64_t k = chunk - 1;; --k) {
-      float a = 1.f, b = 0.f, h = 0.f;
-      if (wait_entry(base + k * step, a, b, h) == kInclusive) return fmaf(p, h, q);
-      q = fmaf(p, b, q);
-      p *= a;
+      unsigned long long w0, w1;
+      wait_entry(base + k * step, w0, w1);
+      if (flag_of(w1) == kInclusive) return fmaf(p, value_of(w1), q);
+      q = fmaf(p, value_of(w1), q);
+      p *= value_of(w0);
     }
   }
 
@@ -158,15 +150,19 @@ struct LookbackState {
   // predecessors per round trip (lane 0 the nearest); the aggregates before the nearest
   // inclusive prefix are composed with an ordered shuffle reduction. Returns the state on
   // every lane. Chunk 0 always publishes an inclusive prefix, so lanes past it never count.
+  // (Polling again only the entries nearer than the nearest inclusive prefix, or reading 64 or
+  // 128 entries per round, measured no faster: bench/NOTES.md item 32.)
   __device__ __forceinline__ float warp_look_back(int64_t base, int64_t step, int64_t chunk) const {
     const int lane = threadIdx.x & 31;
     float p = 1.f, q = 0.f;
     for (int64_t hi = chunk - 1;; hi -= 32) {
       const int64_t k = hi - lane;
-      float a = 1.f, b = 0.f, h = 0.f;
-      const unsigned f = k >= 0 ? wait_entry(base + k * step, a, b, h) : kInclusive;
-      const unsigned inclusive = __ballot_sync(0xffffffffu, f == kInclusive);
+      unsigned long long w0 = 0, w1 = pack(kInclusive, 0.f);
+      if (k >= 0) wait_entry(base + k * step, w0, w1);
+      const bool found = flag_of(w1) == kInclusive;
+      const unsigned inclusive = __ballot_sync(0xffffffffu, found);
       const int stop = inclusive ? __ffs(inclusive) - 1 : 32;
+      float a = value_of(w0), b = value_of(w1);
       if (lane >= stop) a = 1.f, b = 0.f;
       // Ordered reduction: lane 0 ends with map_0 o map_1 o ... o map_31 (map_0 applied last).
 #pragma unroll
@@ -180,7 +176,7 @@ struct LookbackState {
       a = __shfl_sync(0xffffffffu, a, 0);
       b = __shfl_sync(0xffffffffu, b, 0);
       if (stop < 32) {
-        h = __shfl_sync(0xffffffffu, h, stop);
+        const float h = __shfl_sync(0xffffffffu, value_of(w1), stop);
         return fmaf(p, fmaf(a, h, b), q);
       }
       q = fmaf(p, b, q);
