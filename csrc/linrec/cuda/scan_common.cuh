@@ -117,10 +117,8 @@ struct LookbackState {
   }
   // Polls entry i until it is ready.
   __device__ __forceinline__ void wait_entry(int64_t i, unsigned long long& w0, unsigned long long& w1) const {
-    load_entry(i, w0, w1);
-    while (!ready(w0, w1)) {
-      load_entry(i, w0, w1);
-    }
+    do load_entry(i, w0, w1);
+    while (!ready(w0, w1));
   }
 
   __device__ __forceinline__ void publish_aggregate(int64_t i, Affine agg) const {
