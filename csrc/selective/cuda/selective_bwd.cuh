@@ -64,8 +64,13 @@ __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, c
 }
 
 // Shared memory layout of the backward kernel, in floats: 2 buffers of (B, C) tiles, one of the raw
-// per-step window, the five per-step tiles, then the dB/dC sums of a sub-chunk: one (S, 2 NP) slice per warp (plain stores,
-// summed at the flush; shared atomics into one slice were 8 per thread-step at N_pad >= 128).
+// per-step window, the five per-step tiles, the states entering every kEvery-th sub-chunk, then the
+// dB/dC sums of a sub-chunk: one (S, 2 NP) slice per warp (plain stores, summed at the flush; shared
+// atomics into one slice were 8 per thread-step at N_pad >= 128).
+// kBlocks blocks per SM: 4 where their shared memory fits (16 warps: one wave of the Mamba-370m
+// shape's 512 blocks, where 3 per SM left a second wave of 116 blocks), else 3 (1 at N_pad = 256).
+// kEvery = 2 where only that fits 4 blocks (float32's raw window is twice bfloat16's): the odd
+// sub-chunks then recompute their entry state from the one before (S more steps).
 template <typename T, int SPT, int TPC>
 struct BackwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
@@ -74,18 +79,23 @@ struct BackwardSmem {
   // tiles are filled (two buffers would leave the float32 kernel 2 blocks per SM).
   static constexpr int kRawVectors = 4 * StagedWindow<T, CPB, TS>::NV;
   static constexpr int kRaw = 4 * TS * NP, kRows = kRaw + 4 * kRawVectors, kTile = CPB * (TS + 1);
-  static constexpr int kSub = kRows + 5 * kTile;                          // sub-chunk entry states
-  static constexpr int kRed = ((kSub + kMaxSub * SPT * kThreads + 3) / 4) * 4;
-  static constexpr int kFloats = kRed + kWarps * S * 2 * NP;
+  static constexpr int kSub = kRows + 5 * kTile;  // sub-chunk entry states
+  static constexpr int floats(int every) {
+    return ((kSub + kMaxSub / every * SPT * kThreads + 3) / 4) * 4 + kWarps * S * 2 * NP;
+  }
+  static constexpr bool fits4(int every) { return 4 * (floats(every) * 4 + 1024) <= 228 * 1024; }
+  static constexpr int kEvery = fits4(1) || !fits4(2) ? 1 : 2;
+  static constexpr int kBlocks = NP == 256 ? 1 : fits4(kEvery) ? 4 : 3;
+  static constexpr int kRed = ((kSub + kMaxSub / kEvery * SPT * kThreads + 3) / 4) * 4;
+  static constexpr int kFloats = floats(kEvery);
 };
 
-// 3 blocks (12 warps) per SM below N_pad = 256: at most 168 registers (unbounded, the compiler takes
-// ~230 and 2 blocks fit; H100: 2.30 vs 2.36 ms bf16, 2.36 vs 2.33 float32, bench/NOTES.md).
+// Registers: 128 at 4 blocks per SM, 168 at 3 (unbounded, the compiler takes ~230; bench/NOTES.md).
 template <typename T, int SPT, int TPC>
-__global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_kernel(const SelectiveParams p, const Groups grp,
-                                                            const int loads) {
+__global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
+    backward_kernel(const SelectiveParams p, const Groups grp, const int loads) {
   using L = BackwardSmem<T, SPT, TPC>;
-  constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB;
+  constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB, kEvery = L::kEvery;
   constexpr int CPW = 32 / TPC, NV = 2 * SPT;
   static_assert(NV >= CPW, "the reduce-scatter leaves at least one value per lane");
   extern __shared__ __align__(16) float smem[];
@@ -160,8 +170,9 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
       }
 #pragma unroll 1
       for (int j = 0; j < nsub; ++j) {
+        if (j % kEvery == 0)
 #pragma unroll
-        for (int n = 0; n < SPT; ++n) sub[(j * SPT + n) * kThreads] = h[n];
+          for (int n = 0; n < SPT; ++n) sub[(j / kEvery * SPT + n) * kThreads] = h[n];
         if (j + 1 < nsub)
 #pragma unroll
           for (int t = 0; t < S; ++t) {
@@ -177,7 +188,12 @@ __global__ void __launch_bounds__(kThreads, SPT * TPC == 256 ? 1 : 3) backward_k
       {
         float h[SPT];
 #pragma unroll
-        for (int n = 0; n < SPT; ++n) h0s[n] = h[n] = sub[(j * SPT + n) * kThreads];
+        for (int n = 0; n < SPT; ++n) h[n] = sub[(j / kEvery * SPT + n) * kThreads];
+        if (kEvery > 1 && j % kEvery)  // from the stored entry of sub-chunk j - 1 (kEvery = 2)
+#pragma unroll
+          for (int t = 0; t < S; ++t) advance(s0 - S + t, h, as[t]);
+#pragma unroll
+        for (int n = 0; n < SPT; ++n) h0s[n] = h[n];
 #pragma unroll
         for (int t = 0; t < S; ++t) {
           if (t0 + s0 + t < t1) {
