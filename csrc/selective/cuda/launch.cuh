@@ -23,7 +23,8 @@ cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStr
   const void* kernel;
   if constexpr (kBackward) {
     smem = backward_smem<T, SPT, TPC>();
-    kernel = reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC>);
+    kernel = p.z.p ? reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC, true>)
+                   : reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC, false>);
   } else {
     smem = forward_smem<T, SPT, TPC>();
     kernel = reinterpret_cast<const void*>(&forward_kernel<T, SPT, TPC, kOut>);
@@ -32,7 +33,10 @@ cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStr
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (kBackward) backward_kernel<T, SPT, TPC><<<blocks, kThreads, smem, stream>>>(p, grp, launch.loads);
+  if constexpr (kBackward) {
+    if (p.z.p) backward_kernel<T, SPT, TPC, true><<<blocks, kThreads, smem, stream>>>(p, grp, launch.loads);
+    else backward_kernel<T, SPT, TPC, false><<<blocks, kThreads, smem, stream>>>(p, grp, launch.loads);
+  }
   else forward_kernel<T, SPT, TPC, kOut><<<blocks, kThreads, smem, stream>>>(p, grp, launch.vector_stores,
                                                                        launch.loads);
   return cudaGetLastError();

@@ -29,8 +29,11 @@ __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, co
     const int at = ch * (TS + 1) + s;
     const float u = v[0], delta = v[1], dout = v[2], z = v[3];
     const float raw = delta + (p.delta_bias && ch < c.count ? p.delta_bias[c.first_d + ch] : 0.f);
-    tl.dt[at] = p.softplus ? softplus(raw) : raw;
-    tl.dscale[at] = p.softplus ? sigmoid(raw) : 1.f;
+    // Steps past len (u, dout = 0) get dt = 0 and d dt / d delta = 0: exp(dt A) = 1 keeps the states
+    // and the adjoint, and their gradients are zero, so the kernel walks whole sub-chunks unguarded.
+    const bool in = t0 + s < p.len;
+    tl.dt[at] = in ? (p.softplus ? softplus(raw) : raw) : 0.f;
+    tl.dscale[at] = in ? (p.softplus ? sigmoid(raw) : 1.f) : 0.f;
     tl.u[at] = u;
     if (has_z) {
       const float sz = sigmoid(z);
@@ -91,19 +94,28 @@ struct BackwardSmem {
 };
 
 // Registers: 128 at 4 blocks per SM, 168 at 3 (unbounded, the compiler takes ~230; bench/NOTES.md).
-template <typename T, int SPT, int TPC>
+// kZ: z is given (dz and the gated dy; a compile-time switch keeps the per-step loop branch-free).
+template <typename T, int SPT, int TPC, bool kZ>
 __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
     backward_kernel(const SelectiveParams p, const Groups grp, const int loads) {
   using L = BackwardSmem<T, SPT, TPC>;
   constexpr int S = L::S, NP = L::NP, TS = L::TS, CPB = L::CPB, kEvery = L::kEvery;
-  constexpr int CPW = 32 / TPC, NV = 2 * SPT;
+  constexpr int CPW = 32 / TPC, NV = 2 * SPT, NR = NV / CPW;
   static_assert(NV >= CPW, "the reduce-scatter leaves at least one value per lane");
   extern __shared__ __align__(16) float smem[];
   const BackwardTiles tl{smem + L::kRows, smem + L::kRows + L::kTile, smem + L::kRows + 2 * L::kTile,
                          smem + L::kRows + 3 * L::kTile, smem + L::kRows + 4 * L::kTile};
   const Channel c = channel_of<CPB>(p, grp);
   const int lane = threadIdx.x % 32, n0 = (threadIdx.x % TPC) * SPT, cl = threadIdx.x / TPC;
+  // The dB/dC columns this lane's reduce-scatter sums land in (dB state n0 + j, or dC state n0 + j - SPT),
+  // in its warp's slice.
   float* red = smem + L::kRed + (threadIdx.x / 32) * S * 2 * NP;
+  int red_col[NR];
+  {
+    const int off = reduce_scatter_offset<NV, 16, TPC>(lane);
+#pragma unroll
+    for (int i = 0; i < NR; ++i) red_col[i] = off + i < SPT ? n0 + off + i : NP + n0 + off + i - SPT;
+  }
   const int64_t len = p.len;
   float A2[SPT], g[SPT], a_next[SPT], dA[SPT];
 #pragma unroll
@@ -114,14 +126,11 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
     dA[n] = 0.f;
   }
   const float Dd = p.D ? p.D[c.d] : 0.f;
-  const bool has_z = p.z.p != nullptr;
   const int64_t bc_b = (c.b * grp.b + c.gb) * len * NP, bc_c = (c.b * grp.c + c.gc) * len * NP;
   const float* Bg = p.B + bc_b;
   const float* Cg = p.C + bc_c;
   const int64_t ntiles = (len + TS - 1) / TS;
-  const float* r_dt = tl.dt + cl * (TS + 1);
-  const float* r_u = tl.u + cl * (TS + 1);
-  const float* r_dy = tl.dy + cl * (TS + 1);
+  const int row = cl * (TS + 1);  // the thread's channel row in the per-step tiles
   float dD = 0.f, dbias = 0.f;
 
   // Tile k - 1's raw window and B, C are copied (cp.async) while the block works on tile k.
@@ -133,8 +142,9 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
     stage_bc<NP, TS>(smem + ((ntiles - 1) % 2) * 2 * TS * NP, Bg, Cg, (ntiles - 1) * TS, len);
   }
   for (int64_t k = ntiles - 1; k >= 0; --k) {
-    const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
-    const int nsub = static_cast<int>((t1 - t0 + S - 1) / S);
+    const int64_t t0 = k * TS;
+    const int nvalid = static_cast<int>(min(len - t0, static_cast<int64_t>(TS)));
+    const int nsub = (nvalid + S - 1) / S;  // the last one's steps past len are identity steps
     cp_async_wait<0>();
     __syncthreads();  // tile k's copies are in
     load_backward_tiles<T, CPB, TS>(p, in, c, t0, staged, raw, tl);
@@ -149,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
     // One step forward of the states a thread owns (s: step within the tile).
     // (a: the step's decays exp(dt A), kept for the adjoint.)
     auto advance = [&](int s, float(&h)[SPT], float(&a)[SPT]) {
-      const float dt = r_dt[s], dtu = dt * r_u[s];
+      const float dt = tl.dt[row + s], dtu = dt * tl.u[row + s];
       float Bv[SPT];
       states_at<SPT>(sB + s * NP, Bv);
 #pragma unroll
@@ -159,7 +169,8 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
       }
     };
 
-    // Pass 1: the states entering each sub-chunk, into shared memory (thread-major: conflict-free).
+    // Pass 1: the states entering every kEvery-th sub-chunk, into shared memory (thread-major:
+    // conflict-free).
     float* sub = smem + L::kSub + threadIdx.x;
     {
       float h[SPT];
@@ -196,16 +207,14 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
         for (int n = 0; n < SPT; ++n) h0s[n] = h[n];
 #pragma unroll
         for (int t = 0; t < S; ++t) {
-          if (t0 + s0 + t < t1) {
-            advance(s0 + t, h, as[t]);
-            if (has_z) {  // dz = y silu'(z) dout, with y recomputed from the states
-              float Cv[SPT], y = 0.f;
-              states_at<SPT>(sC + (s0 + t) * NP, Cv);
+          advance(s0 + t, h, as[t]);
+          if constexpr (kZ) {  // dz = y silu'(z) dout, with y recomputed from the states
+            float Cv[SPT], y = 0.f;
+            states_at<SPT>(sC + (s0 + t) * NP, Cv);
 #pragma unroll
-              for (int n = 0; n < SPT; ++n) y = fmaf(Cv[n], h[n], y);
-              y = fmaf(Dd, r_u[s0 + t], channel_sum<TPC>(y));
-              if (n0 == 0) tl.dzf[cl * (TS + 1) + s0 + t] *= y;
-            }
+            for (int n = 0; n < SPT; ++n) y = fmaf(Cv[n], h[n], y);
+            y = fmaf(Dd, tl.u[row + s0 + t], channel_sum<TPC>(y));
+            if (n0 == 0) tl.dzf[row + s0 + t] *= y;
           }
 #pragma unroll
           for (int n = 0; n < SPT; ++n) hs[t][n] = h[n];
@@ -214,8 +223,7 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
 #pragma unroll
       for (int t = S - 1; t >= 0; --t) {
         const int s = s0 + t;
-        if (t0 + s >= t1) continue;  // the flush skips these steps
-        const float u = r_u[s], dt = r_dt[s], dtu = dt * u, dy = r_dy[s];
+        const float u = tl.u[row + s], dt = tl.dt[row + s], dtu = dt * u, dy = tl.dy[row + s];
         float Bv[SPT], Cv[SPT];
         states_at<SPT>(sB + s * NP, Bv);
         states_at<SPT>(sC + s * NP, Cv);
@@ -234,28 +242,24 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
           v[SPT + n] = dy * hs[t][n];
         }
         const float sa = channel_sum<TPC>(ddt_a), sb = channel_sum<TPC>(dub);
-        const float ddelta = fmaf(sa, kLn2, sb * u) * tl.dscale[cl * (TS + 1) + s];
+        const float ddelta = fmaf(sa, kLn2, sb * u) * tl.dscale[row + s];
         dD = fmaf(dy, u, dD);
         dbias += ddelta;
         __syncwarp();
         if (n0 == 0) {  // the step's slots take its gradients
-          tl.u[cl * (TS + 1) + s] = fmaf(sb, dt, dy * Dd);
-          tl.dt[cl * (TS + 1) + s] = ddelta;
+          tl.u[row + s] = fmaf(sb, dt, dy * Dd);
+          tl.dt[row + s] = ddelta;
         }
-        int off = 0;
-        reduce_scatter<NV, 16, TPC>(v, lane, off);  // over the warp's channels
+        reduce_scatter<NV, 16, TPC>(v);  // over the warp's channels
 #pragma unroll
-        for (int i = 0; i < NV / CPW; ++i) {
-          const int j2 = off + i;  // dB state n0 + j2, or dC state n0 + j2 - SPT
-          red[t * 2 * NP + (j2 < SPT ? n0 + j2 : NP + n0 + j2 - SPT)] = v[i];
-        }
+        for (int i = 0; i < NR; ++i) red[t * 2 * NP + red_col[i]] = v[i];
       }
       __syncthreads();
       const float* red0 = smem + L::kRed;
       for (int i = threadIdx.x; i < S * 2 * NP / 4; i += kThreads) {
         const int t = (4 * i) / (2 * NP), col = (4 * i) % (2 * NP);
+        if (s0 + t >= nvalid) continue;
         const int64_t l = t0 + s0 + t;
-        if (l >= t1) continue;
         float4 val = reinterpret_cast<const float4*>(red0)[i];
 #pragma unroll
         for (int w = 1; w < L::kWarps; ++w) {

@@ -135,21 +135,25 @@ __device__ __forceinline__ void store_run(T* r, int64_t sl, int64_t l, int64_t l
 
 // Reduce-scatter over lane bits M, M/2, ..., LO: each level halves the CNT values a lane holds, adding
 // its partner's other half (the lane with the bit set keeps the upper half). Leaves CNT / (M / LO * 2)
-// sums per lane: those of original index `off` onwards.
+// sums per lane: those of original index reduce_scatter_offset(lane) onwards.
 template <int CNT, int M, int LO>
-__device__ __forceinline__ void reduce_scatter(float* v, int lane, int& off) {
+__device__ __forceinline__ void reduce_scatter(float* v) {
   if constexpr (M >= LO && LO >= 1) {
     constexpr int H = CNT / 2;
-    const bool hi = lane & M;
+    const bool hi = threadIdx.x & M;
 #pragma unroll
     for (int i = 0; i < H; ++i) {
       const float send = hi ? v[i] : v[i + H];
       const float keep = hi ? v[i + H] : v[i];
       v[i] = keep + __shfl_xor_sync(0xffffffffu, send, M);
     }
-    off += hi ? H : 0;
-    reduce_scatter<H, M / 2, LO>(v, lane, off);
+    reduce_scatter<H, M / 2, LO>(v);
   }
+}
+template <int CNT, int M, int LO>
+__device__ __forceinline__ int reduce_scatter_offset(int lane) {
+  if constexpr (M >= LO && LO >= 1) return (lane & M ? CNT / 2 : 0) + reduce_scatter_offset<CNT / 2, M / 2, LO>(lane);
+  else return 0;
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool full) {

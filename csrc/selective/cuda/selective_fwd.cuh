@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
   constexpr int NP = L::NP, TS = L::TS, CPB = L::CPB, V = L::V, E = V / TPC, RS = L::RS;
   extern __shared__ __align__(16) float smem[];
   const Channel c = channel_of<CPB>(p, grp);
-  const int lane = threadIdx.x % 32, j = threadIdx.x % TPC, n0 = j * SPT, cl = threadIdx.x / TPC;
+  const int j = threadIdx.x % TPC, n0 = j * SPT, cl = threadIdx.x / TPC;
+  const int off = reduce_scatter_offset<V, TPC / 2, 1>(threadIdx.x % 32);  // see the group loop
   const int64_t len = p.len;
   float A2[SPT], h[SPT];
 #pragma unroll
@@ -103,8 +104,7 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
         }
       }
       if constexpr (kOut) {
-        int off = 0;  // this lane's E steps of the group: g + off ..
-        reduce_scatter<V, TPC / 2, 1>(y, lane, off);
+        reduce_scatter<V, TPC / 2, 1>(y);  // this lane's E steps of the group: g + off ..
         float o[E];
 #pragma unroll
         for (int e = 0; e < E; ++e) {
