@@ -5,12 +5,6 @@
 namespace linrec {
 namespace selective {
 
-// Element i of a block's (CPB, TS) tile of rows: consecutive threads walk the contiguous dim.
-template <int CPB, int TS>
-__device__ __forceinline__ void tile_pos(int i, bool steps_fast, int* ch, int* s) {
-  *ch = steps_fast ? i / TS : i % CPB;
-  *s = steps_fast ? i % TS : i / CPB;
-}
 
 // The backward's per-step tiles in shared memory, (CPB, TS + 1) floats each (padded: conflict-free
 // when a warp's channels read one step). Filled per tile from u, delta, z and the output gradient;
@@ -47,22 +41,34 @@ __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, co
   else for_tile<T, CPB, TS, 4>(in, c.b, c.first_d, c.count, t0, p.len, fill);
 }
 
+// Writes the tile's du, ddelta and dz from the tiles u, dt and dzf: consecutive threads along the
+// contiguous dim (steps or channels), each thread's elements a fixed stride apart, so its three
+// pointers advance by one add per element (a stride of channels or of steps).
 template <typename T, int CPB, int TS>
 __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0,
                                                      const BackwardTiles& tl) {
   constexpr int kPer = (CPB * TS + kThreads - 1) / kThreads;
   const bool steps_fast = p.u.sl == 1;
+  int ch = steps_fast ? threadIdx.x / TS : threadIdx.x % CPB, s = steps_fast ? threadIdx.x % TS : threadIdx.x / CPB;
+  const int dch = steps_fast ? kThreads / TS : 0, ds = steps_fast ? 0 : kThreads / CPB;
+  const int64_t d = c.first_d + ch, l = t0 + s;
+  T* du = row<T>(p.du, c.b, d) + l * p.du.sl;
+  T* dd = row<T>(p.ddelta, c.b, d) + l * p.ddelta.sl;
+  T* dz = p.dz.p ? row<T>(p.dz, c.b, d) + l * p.dz.sl : nullptr;
+  const int64_t inc_u = dch * p.du.sd + ds * p.du.sl, inc_d = dch * p.ddelta.sd + ds * p.ddelta.sl;
+  const int64_t inc_z = dch * p.dz.sd + ds * p.dz.sl;
+  const int nvalid = static_cast<int>(min(p.len - t0, static_cast<int64_t>(TS)));
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    int ch, s;
-    tile_pos<CPB, TS>(i, steps_fast, &ch, &s);
-    if (i >= CPB * TS || ch >= c.count || t0 + s >= p.len) continue;
-    const int64_t d = c.first_d + ch, l = t0 + s;
-    const int at = ch * (TS + 1) + s;
-    row<T>(p.du, c.b, d)[l * p.du.sl] = from_float<T>(tl.u[at]);
-    row<T>(p.ddelta, c.b, d)[l * p.ddelta.sl] = from_float<T>(tl.dt[at]);
-    if (p.dz.p) row<T>(p.dz, c.b, d)[l * p.dz.sl] = from_float<T>(tl.dzf[at]);
+    if (ch < c.count && s < nvalid) {
+      const int at = ch * (TS + 1) + s;
+      *du = from_float<T>(tl.u[at]);
+      *dd = from_float<T>(tl.dt[at]);
+      if (dz) *dz = from_float<T>(tl.dzf[at]);
+    }
+    ch += dch, s += ds;
+    du += inc_u, dd += inc_d;
+    if (dz) dz += inc_z;
   }
 }
 
