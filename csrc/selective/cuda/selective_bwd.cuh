@@ -17,15 +17,17 @@ struct BackwardTiles {
 // `raw` (`staged`: how, staged_loads) or, when it could not be staged, from global memory.
 template <typename T, int CPB, int TS>
 __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Strided3 (&in)[4], const Channel& c,
-                                                    int64_t t0, int staged, const uint4* raw, const BackwardTiles& tl) {
+                                                    int64_t t0, int staged, const uint4* raw, const float* sbias,
+                                                    const BackwardTiles& tl) {
   const bool has_z = p.z.p != nullptr;
+  const int nvalid = static_cast<int>(min(p.len - t0, static_cast<int64_t>(TS)));
   auto fill = [&](int ch, int s, const float(&v)[4]) {
     const int at = ch * (TS + 1) + s;
     const float u = v[0], delta = v[1], dout = v[2], z = v[3];
-    const float raw = delta + (p.delta_bias && ch < c.count ? p.delta_bias[c.first_d + ch] : 0.f);
+    const float raw = delta + sbias[ch];
     // Steps past len (u, dout = 0) get dt = 0 and d dt / d delta = 0: exp(dt A) = 1 keeps the states
     // and the adjoint, and their gradients are zero, so the kernel walks whole sub-chunks unguarded.
-    const bool in = t0 + s < p.len;
+    const bool in = s < nvalid;
     tl.dt[at] = in ? (p.softplus ? softplus(raw) : raw) : 0.f;
     tl.dscale[at] = in ? (p.softplus ? sigmoid(raw) : 1.f) : 0.f;
     tl.u[at] = u;
@@ -73,9 +75,9 @@ __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, c
 }
 
 // Shared memory layout of the backward kernel, in floats: 2 buffers of (B, C) tiles, one of the raw
-// per-step window, the five per-step tiles, the states entering every kEvery-th sub-chunk, then the
-// dB/dC sums of a sub-chunk: one (S, 2 NP) slice per warp (plain stores, summed at the flush; shared
-// atomics into one slice were 8 per thread-step at N_pad >= 128).
+// per-step window, the five per-step tiles, the states entering every kEvery-th sub-chunk, the dB/dC
+// sums of a sub-chunk: one (S, 2 NP) slice per warp (plain stores, summed at the flush; shared atomics
+// into one slice were 8 per thread-step at N_pad >= 128), then the block's delta_bias.
 // kBlocks blocks per SM: 4 where their shared memory fits (16 warps: one wave of the Mamba-370m
 // shape's 512 blocks, where 3 per SM left a second wave of 116 blocks), else 3 (1 at N_pad = 256).
 // kEvery = 2 where only that fits 4 blocks (float32's raw window is twice bfloat16's): the odd
@@ -90,12 +92,13 @@ struct BackwardSmem {
   static constexpr int kRaw = 4 * TS * NP, kRows = kRaw + 4 * kRawVectors, kTile = CPB * (TS + 1);
   static constexpr int kSub = kRows + 5 * kTile;  // sub-chunk entry states
   static constexpr int floats(int every) {
-    return ((kSub + kMaxSub / every * SPT * kThreads + 3) / 4) * 4 + kWarps * S * 2 * NP;
+    return ((kSub + kMaxSub / every * SPT * kThreads + 3) / 4) * 4 + kWarps * S * 2 * NP + CPB;
   }
   static constexpr bool fits4(int every) { return 4 * (floats(every) * 4 + 1024) <= 228 * 1024; }
   static constexpr int kEvery = fits4(1) || !fits4(2) ? 1 : 2;
   static constexpr int kBlocks = NP == 256 ? 1 : fits4(kEvery) ? 4 : 3;
   static constexpr int kRed = ((kSub + kMaxSub / kEvery * SPT * kThreads + 3) / 4) * 4;
+  static constexpr int kBias = kRed + kWarps * S * 2 * NP;  // the block's delta_bias
   static constexpr int kFloats = floats(kEvery);
 };
 
@@ -139,6 +142,10 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
   const int row = cl * (TS + 1);  // the thread's channel row in the per-step tiles
   float dD = 0.f, dbias = 0.f;
 
+  float* sbias = smem + L::kBias;  // read after the first tile's barrier
+  for (int i = threadIdx.x; i < CPB; i += kThreads)
+    sbias[i] = p.delta_bias && i < c.count ? p.delta_bias[c.first_d + i] : 0.f;
+
   // Tile k - 1's raw window and B, C are copied (cp.async) while the block works on tile k.
   const Strided3 in[4] = {p.u, p.delta, p.dout, p.z};
   const int staged = staged_loads<T, CPB>(loads, c.count, c.first_d);
@@ -153,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
     const int nsub = (nvalid + S - 1) / S;  // the last one's steps past len are identity steps
     cp_async_wait<0>();
     __syncthreads();  // tile k's copies are in
-    load_backward_tiles<T, CPB, TS>(p, in, c, t0, staged, raw, tl);
+    load_backward_tiles<T, CPB, TS>(p, in, c, t0, staged, raw, sbias, tl);
     __syncthreads();  // the per-step tiles are filled: the raw buffer is free
     if (k > 0) {
       if (staged) stage_window<T, CPB, TS, 4>(raw, in, staged, c.b, c.first_d, c.count, t0 - TS, len);

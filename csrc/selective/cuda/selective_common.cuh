@@ -31,11 +31,14 @@ namespace selective {
 constexpr int kThreads = 128;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// log(1 + e^x) to float32 accuracy with fast exp/log: the series below e^x < 2^-6.
+// log(1 + e^x) to float32 accuracy with fast exp/log: the series below e^x < 2^-6. Branch-free
+// (both forms computed, then selected): it runs once per (channel, step) in the tile loaders, where
+// branches made each element a divergent region.
 __device__ __forceinline__ float softplus(float x) {
-  if (x > 20.f) return x;
   const float e = __expf(x);
-  return x > -4.f ? __logf(1.f + e) : e * (1.f - e * (0.5f - e * (1.f / 3.f)));
+  const float series = e * (1.f - e * (0.5f - e * (1.f / 3.f)));
+  const float y = x > -4.f ? __logf(1.f + e) : series;
+  return x > 20.f ? x : y;
 }
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 

@@ -65,10 +65,11 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
   }
   for (int64_t k = 0; k < ntiles; ++k) {
     const int64_t t0 = k * TS, t1 = min(len, t0 + TS);
+    const int nvalid = static_cast<int>(t1 - t0);
     cp_async_wait<0>();
     __syncthreads();  // tile k's copies are in; the previous tile's rows are read; sbias is written
     auto rows = [&](int ch, int s, const float(&v)[3]) {
-      const bool in = ch < c.count && t0 + s < len;
+      const bool in = ch < c.count && s < nvalid;
       const float dt = in ? step_dt(v[1], sbias[ch], p.softplus) : 0.f;  // padding steps keep the state
       dd[ch * (RS / 2) + s] = make_float2(dt, dt * v[0]);
       if (kOut) ug[ch * (RS / 2) + s] = make_float2(v[0], has_z ? v[2] * sigmoid(v[2]) : 1.f);
