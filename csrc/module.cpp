@@ -182,22 +182,32 @@ TORCH_LIBRARY(linrec, m) {
   // Vector-Jacobian product of selective_scan: (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias,
   // dinitial_state), each of its input's shape; the gradient of an absent optional input is an
   // empty tensor.
+  // checkpoints: the states _selective_scan_train saved (None: the backward recomputes them).
   m.def(
       "selective_scan_backward(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
-      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, "
+      "Tensor? checkpoints=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // selective_scan as training runs it (torch_linrec.selective_scan when a gradient is needed): the
+  // same (out, last_state), and the states the CUDA kernel saves at chunk boundaries for the
+  // backward (float32, flat; empty where another implementation runs).
+  m.def(
+      "_selective_scan_train(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, Tensor? z=None, "
+      "Tensor? delta_bias=None, bool delta_softplus=False, Tensor? initial_state=None) -> (Tensor, Tensor, Tensor)");
   // The kernels behind them (csrc/selective/cpu, csrc/selective/cuda), called after the Python
   // checks with A, D, delta_bias, initial_state in the compute dtype. CPU: B, C (D, N) or
   // (B, G, N, L) in u's dtype; CUDA: (B, G, N, L) in u's dtype or float32. states_per_thread is a
   // launch hint of the CUDA forward kernel (0: its default; 4, 8 or 16), ignored on CPU and by the
-  // backward (its checkpoint pass takes the default).
+  // backward (its checkpoint pass takes the default). save_checkpoints: the CUDA forward also returns
+  // the states after every chunk but the last, (B, D, chunks, N_pad) float32 flattened, which
+  // _selective_scan_bwd takes as `checkpoints` instead of recomputing them; empty elsewhere.
   m.def(
       "_selective_scan_fwd(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
-      "Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, int states_per_thread=0) -> (Tensor, Tensor)");
+      "Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, int states_per_thread=0, "
+      "bool save_checkpoints=False) -> (Tensor, Tensor, Tensor)");
   m.def(
       "_selective_scan_bwd(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
       "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, "
-      "int states_per_thread=0) -> Tensor[]");
+      "int states_per_thread=0, Tensor? checkpoints=None) -> Tensor[]");
 
   // ---- Log-space scan (csrc/logscan, torch_linrec/logscan) ----
   // log_h[l] = logaddexp(log_coeffs[l] + log_h[l-1], log_x[l]) along `dim`, log_h[-1] = initial (a log

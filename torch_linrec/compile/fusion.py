@@ -381,6 +381,15 @@ class Match:
         _inductor.set_meta(node, self.final)
         return node
 
+    def _target(self):
+        """``linrec::_selective_scan_train`` where the graph runs with gradients (its CUDA kernel saves
+        the chunk states the backward would otherwise recompute), else ``linrec::selective_scan``."""
+        train = getattr(torch.ops.linrec, "_selective_scan_train", None)
+        inputs = (self.u, self.delta, self.A, self.B, self.C, self.D, self.z, self.bias, self.initial)
+        needs_grad = torch.is_grad_enabled() and any(
+            term is not None and getattr(_inductor.example_value(term.node), "requires_grad", False) for term in inputs)
+        return train if train is not None and needs_grad else torch.ops.linrec.selective_scan
+
     def rewrite(self) -> None:
         """Replaces the pattern's result with the fused op's and erases what no longer has users."""
         bdl, d = self._roles("bdl"), (self.d,)
@@ -392,8 +401,7 @@ class Match:
                     self._layout(self.D, d, compute), self._layout(self.z, bdl, any_strides=True),
                     self._layout(self.bias, d, compute), self.softplus,
                     self._layout(self.initial, self._roles("bdn"), compute))
-            out = self._insert("call_function", operator.getitem,
-                               (self._insert("call_function", torch.ops.linrec.selective_scan, args), 0))
+            out = self._insert("call_function", operator.getitem, (self._insert("call_function", self._target(), args), 0))
             order = tuple(bdl.index(a) for a in self.final_axes)
             if order != (0, 1, 2):
                 out = self._insert("call_method", "permute", (out, order))

@@ -45,7 +45,12 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         ValueError: naming the argument, for a shape, dtype or device that does not match; N > 256
             on CUDA; CUDA tensors without triton installed.
     """
-    out, last = torch.ops.linrec.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state)
+    args = (u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
+        # the training form: the CUDA kernel saves its chunk states for the backward
+        out, last, _ = torch.ops.linrec._selective_scan_train(*args)
+    else:
+        out, last = torch.ops.linrec.selective_scan(*args)
     return (out, last) if return_last_state else out
 
 

@@ -18,7 +18,7 @@ from .. import _library
 from .checks import check_selective_scan_args, check_selective_scan_backward_args
 from .reference import compute_dtype
 
-__all__ = ["fake_selective_scan", "fake_selective_scan_backward"]
+__all__ = ["checkpoint_numel", "fake_selective_scan", "fake_selective_scan_backward", "fake_selective_scan_train"]
 
 _OP, _BWD = "linrec.selective_scan", "linrec.selective_scan_backward"
 
@@ -73,18 +73,44 @@ def _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dty
     return u, delta, A, _bc(B), _bc(C), _to(D, ct), z, _to(delta_bias, ct), _to(initial_state, ct)
 
 
-def _forward(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None):
+def _run_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state, save_checkpoints: bool):
+    """``(out, last_state, checkpoints)``; ``checkpoints`` is empty unless ``save_checkpoints`` and the
+    CUDA C++ kernel runs (see :func:`checkpoint_numel`)."""
     check_selective_scan_args(_OP, u, delta, A, B, C, D, z, delta_bias, initial_state)
     cpu = u.device.type == "cpu"
     args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
     if _native(u, A, B, C):
-        out, last = torch.ops.linrec._selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8])
+        out, last, ckpt = torch.ops.linrec._selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8],
+                                                               save_checkpoints=save_checkpoints and not cpu)
     else:
         ops = _triton_ops()
         if A.shape[1] > ops.MAX_STATE:
             raise ValueError(f"{_OP}: the CUDA kernels take N <= {ops.MAX_STATE} states, got A of shape {list(A.shape)}")
         out, last = ops.selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8])
-    return out.to(u.dtype), last
+        ckpt = last.new_empty(0, dtype=torch.float32)
+    return out.to(u.dtype), last, ckpt
+
+
+def _forward(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None):
+    return _run_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state, False)[:2]
+
+
+def _forward_train(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None):
+    return _run_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state, True)
+
+
+def checkpoint_numel(u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor):
+    """Elements of the checkpoints ``linrec::_selective_scan_train`` returns: on CUDA with the C++
+    kernels, the float32 state after every chunk but the last, ``(batch, D, chunks, N_pad)`` (chunks
+    of 32 steps, 16 above N_pad = 128; N_pad: N rounded up to a power of two, at least 16, as
+    csrc/selective/cuda pads it), when there is more than one chunk; else 0."""
+    if u.device.type != "cuda" or not _native(u, A, B, C):
+        return 0
+    n_pad = max(16, 1 << (int(A.shape[1]) - 1).bit_length())
+    chunk = 32 if n_pad <= 128 else 16
+    length = u.shape[2]
+    chunks = (length + chunk - 1) // chunk
+    return u.shape[0] * u.shape[1] * chunks * n_pad if length > chunk else 0
 
 
 def _alert_not_deterministic(device: torch.device) -> None:
@@ -102,7 +128,8 @@ def _alert_not_deterministic(device: torch.device) -> None:
         raise RuntimeError(message)
 
 
-def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state):
+def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state,
+              checkpoints=None):
     check_selective_scan_backward_args(_BWD, grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias,
                                        initial_state)
     _alert_not_deterministic(u.device)
@@ -112,7 +139,7 @@ def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, de
     grad_last_state = _to(grad_last_state, compute_dtype(u.dtype))
     if _native(u, A, B, C):
         grads = torch.ops.linrec._selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7],
-                                                      delta_softplus, args[8])
+                                                      delta_softplus, args[8], checkpoints=checkpoints)
     else:
         grads = _triton_ops().selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7], delta_softplus,
                                                  args[8])
@@ -126,6 +153,7 @@ def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, de
 
 for _device in ("cpu", "cuda"):
     torch.library.impl("linrec::selective_scan", _device)(_forward)
+    torch.library.impl("linrec::_selective_scan_train", _device)(_forward_train)
     torch.library.impl("linrec::selective_scan_backward", _device)(_backward)
 
 
@@ -137,9 +165,17 @@ def fake_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delt
     return torch.empty_like(u), u.new_empty((u.shape[0], u.shape[1], A.shape[1]), dtype=compute_dtype(u.dtype))
 
 
+@torch.library.register_fake("linrec::_selective_scan_train")
+def fake_selective_scan_train(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                              initial_state=None):
+    """As :func:`fake_selective_scan`, and float32 checkpoints of :func:`checkpoint_numel` elements."""
+    out, last = fake_selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state)
+    return out, last, last.new_empty(checkpoint_numel(u, A, B, C), dtype=torch.float32)
+
+
 @torch.library.register_fake("linrec::selective_scan_backward")
 def fake_selective_scan_backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                                 initial_state):
+                                 initial_state, checkpoints=None):
     """Gradients shaped like their inputs (empty for absent optional inputs), with the kernels' strides."""
     check_selective_scan_backward_args(_BWD, grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias,
                                        initial_state)
@@ -155,22 +191,28 @@ def fake_selective_scan_backward(grad_out, grad_last_state, u, delta, A, B, C, D
 
 def _setup_context(ctx, inputs, output):
     u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state = inputs
-    ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, initial_state)
+    checkpoints = output[2] if len(output) > 2 else None  # _selective_scan_train's
+    ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints)
     ctx.delta_softplus = delta_softplus
+    # Outputs without a gradient arrive as None, not as zeros (the checkpoints never have one: a
+    # materialized zero gradient for them cost their size in memory).
+    ctx.set_materialize_grads(False)
 
 
-def _grad(ctx, grad_out, grad_last):
-    u, delta, A, B, C, D, z, delta_bias, initial_state = ctx.saved_tensors
+def _grad(ctx, grad_out, grad_last, *_grad_checkpoints):
+    u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(u)
     grads = torch.ops.linrec.selective_scan_backward(grad_out, grad_last, u, delta, A, B, C, D, z, delta_bias,
-                                                     ctx.delta_softplus, initial_state)
+                                                     ctx.delta_softplus, initial_state, checkpoints)
     du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
     return (du, ddelta, dA, dB, dC, dD if D is not None else None, dz if z is not None else None,
             dbias if delta_bias is not None else None, None, dh0 if initial_state is not None else None)
 
 
-torch.library.register_autograd("linrec::selective_scan", _grad, setup_context=_setup_context)
+# The training form differs only in saving the forward kernel's checkpoints (its third output).
+for _op in ("linrec::selective_scan", "linrec::_selective_scan_train"):
+    torch.library.register_autograd(_op, _grad, setup_context=_setup_context)
 
 
 def _no_double_backward(ctx, *grads):
@@ -194,11 +236,17 @@ D, delta_bias: (D,); initial_state: (B, D, N). float32/float16/bfloat16 (float64
 Returns out (B, D, L) in u's dtype and last_state (B, D, N) in float32 (float64 for float64 u).
 First-order gradients for every tensor input; double backward raises. Math:
 torch_linrec/selective/reference.py. Raises ValueError naming a bad argument.""")
-_library.document_op("selective_scan_backward", """linrec::selective_scan_backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state) -> 9 gradients
+_library.document_op("selective_scan_backward", """linrec::selective_scan_backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state, checkpoints=None) -> 9 gradients
 
 The vector-Jacobian product of linrec::selective_scan: (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias,
 dinitial_state), each of its input's shape; an empty tensor for an absent optional input.
-Not differentiable (second order raises).""")
+checkpoints: the third output of linrec::_selective_scan_train on the same inputs (the CUDA kernel
+then skips recomputing the chunk states); None recomputes them. Not differentiable (second order raises).""")
+_library.document_op("_selective_scan_train", """linrec::_selective_scan_train(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None) -> (out, last_state, checkpoints)
+
+linrec::selective_scan as training runs it (torch_linrec.selective_scan calls it when a gradient is
+needed): the same out and last_state, and the float32 states the CUDA kernel saves at chunk
+boundaries for the backward (flat; empty where the Triton or CPU kernels run). Same gradients.""")
 for _name in ("_selective_scan_fwd", "_selective_scan_bwd"):
     _library.document_op(_name, "Internal: the CPU and CUDA C++ kernels behind linrec::selective_scan "
                                 "(csrc/selective), called after the Python checks; use torch.ops.linrec.selective_scan.")

@@ -277,23 +277,26 @@ std::vector<Tensor> backward_impl(const Tensor& grad_out, const OptTensor& grad_
   return {du, ddelta, dA, dB, dC, dD, dz, dbias, dinit};
 }
 
-std::tuple<Tensor, Tensor> selective_scan_fwd_cpu(const Tensor& u, const Tensor& delta, const Tensor& A,
-                                                  const Tensor& B, const Tensor& C, const OptTensor& D,
-                                                  const OptTensor& z, const OptTensor& delta_bias,
-                                                  bool delta_softplus, const OptTensor& initial,
-                                                  int64_t /*states_per_thread: a CUDA launch hint*/) {
+// Saves no checkpoints (the CPU backward keeps its own): the third output is empty.
+std::tuple<Tensor, Tensor, Tensor> selective_scan_fwd_cpu(const Tensor& u, const Tensor& delta, const Tensor& A,
+                                                          const Tensor& B, const Tensor& C, const OptTensor& D,
+                                                          const OptTensor& z, const OptTensor& delta_bias,
+                                                          bool delta_softplus, const OptTensor& initial,
+                                                          int64_t /*states_per_thread: a CUDA launch hint*/,
+                                                          bool /*save_checkpoints*/) {
   std::tuple<Tensor, Tensor> out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, u.scalar_type(), "selective_scan_fwd_cpu", [&] {
     out = forward_impl<scalar_t>(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial);
   });
-  return out;
+  return {std::get<0>(out), std::get<1>(out), at::empty({0}, A.options().dtype(at::kFloat))};
 }
 
 std::vector<Tensor> selective_scan_bwd_cpu(const Tensor& grad_out, const OptTensor& grad_last, const Tensor& u,
                                            const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
                                            const OptTensor& D, const OptTensor& z, const OptTensor& delta_bias,
                                            bool delta_softplus, const OptTensor& initial,
-                                           int64_t /*states_per_thread: a CUDA launch hint*/) {
+                                           int64_t /*states_per_thread: a CUDA launch hint*/,
+                                           const OptTensor& /*checkpoints: none on CPU*/) {
   std::vector<Tensor> out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, u.scalar_type(), "selective_scan_bwd_cpu", [&] {
     out = backward_impl<scalar_t>(grad_out, grad_last, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial);

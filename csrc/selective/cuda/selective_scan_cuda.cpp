@@ -145,45 +145,67 @@ Prepared prepare(const Tensor& u, const Tensor& delta, const Tensor& A, const Te
   return r;
 }
 
-std::tuple<Tensor, Tensor> selective_scan_fwd_cuda(const Tensor& u, const Tensor& delta, const Tensor& A,
-                                                   const Tensor& B, const Tensor& C, const OptTensor& D,
-                                                   const OptTensor& z, const OptTensor& delta_bias,
-                                                   bool delta_softplus, const OptTensor& initial,
-                                                   int64_t states_per_thread) {
+// The checkpoints' size: (batch, dim, chunks, N_pad) floats where the sequence has more than one
+// chunk, else none (the forward kernel writes the state after every chunk but the last).
+int64_t checkpoint_numel(const SelectiveParams& p) {
+  const int64_t nchunks = (p.len + p.chunk - 1) / p.chunk;
+  return nchunks > 1 ? p.batch * p.dim * nchunks * p.nstate_pad : 0;
+}
+
+std::tuple<Tensor, Tensor, Tensor> selective_scan_fwd_cuda(const Tensor& u, const Tensor& delta, const Tensor& A,
+                                                           const Tensor& B, const Tensor& C, const OptTensor& D,
+                                                           const OptTensor& z, const OptTensor& delta_bias,
+                                                           bool delta_softplus, const OptTensor& initial,
+                                                           int64_t states_per_thread, bool save_checkpoints) {
   const c10::cuda::CUDAGuard guard(u.device());
   Prepared r = prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial);
   SelectiveParams& p = r.p;
   Tensor out = at::empty_like(u);
   Tensor last = at::empty({p.batch, p.dim, p.nstate}, A.options().dtype(at::kFloat));
+  Tensor ckpt = at::empty({save_checkpoints ? checkpoint_numel(p) : 0}, A.options().dtype(at::kFloat));
   p.out = strided(out);
   p.last = last.data_ptr<float>();
+  p.ckpt = ckpt.numel() ? ckpt.data_ptr<float>() : nullptr;
   SelectiveLaunch l;
   l.states_per_thread = forward_states_per_thread(p.nstate_pad, states_per_thread);
   l.vector_stores = rows_aligned(out);
   l.loads = tile_loads({&u, &delta, z ? &*z : nullptr});
   check_launch(launch(u.scalar_type(), p, l, false));
-  return {out, last};
+  return {out, last, ckpt};
 }
 
 std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTensor& grad_last, const Tensor& u,
                                             const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
                                             const OptTensor& D, const OptTensor& z, const OptTensor& delta_bias,
                                             bool delta_softplus, const OptTensor& initial,
-                                            int64_t states_per_thread) {
+                                            int64_t states_per_thread, const OptTensor& checkpoints) {
   const c10::cuda::CUDAGuard guard(u.device());
   TORCH_CHECK_VALUE(grad_out.scalar_type() == u.scalar_type(), "linrec.selective_scan_backward: the CUDA kernel "
                     "takes grad_out in u's dtype ", dt(u.scalar_type()), ", got ", dt(grad_out.scalar_type()));
   Prepared r = prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial);
   SelectiveParams& p = r.p;
   const auto f32 = A.options().dtype(at::kFloat);
-  // Checkpoints: the forward kernel's states after each chunk but the last.
-  const int64_t nchunks = (p.len + p.chunk - 1) / p.chunk;
-  Tensor ckpt = at::empty({nchunks > 1 ? p.batch * p.dim * nchunks * p.nstate_pad : 0}, f32);
-  p.ckpt = nchunks > 1 ? ckpt.data_ptr<float>() : nullptr;
-  SelectiveLaunch fl;
-  fl.states_per_thread = forward_states_per_thread(p.nstate_pad, 0);  // p.out null: the states-only kernel
-  fl.loads = tile_loads({&u, &delta});
-  if (p.ckpt) check_launch(launch(u.scalar_type(), p, fl, false));
+  // Checkpoints: the forward kernel's states after each chunk but the last, saved by the training
+  // forward or recomputed here by the states-only kernel.
+  const int64_t numel = checkpoint_numel(p);
+  Tensor ckpt;
+  if (checkpoints && checkpoints->numel() == numel) {
+    TORCH_CHECK_VALUE(checkpoints->scalar_type() == at::kFloat && checkpoints->is_contiguous() &&
+                          checkpoints->device() == u.device(),
+                      "linrec.selective_scan_backward: checkpoints must be the float32 tensor that "
+                      "_selective_scan_train returned");
+    ckpt = *checkpoints;
+  } else {
+    TORCH_CHECK_VALUE(!checkpoints || checkpoints->numel() == 0, "linrec.selective_scan_backward: expected "
+                      "checkpoints of ", num(numel), " elements (or none), got ", num(checkpoints->numel()));
+    ckpt = at::empty({numel}, f32);
+    p.ckpt = numel ? ckpt.data_ptr<float>() : nullptr;
+    SelectiveLaunch fl;
+    fl.states_per_thread = forward_states_per_thread(p.nstate_pad, 0);  // p.out null: the states-only kernel
+    fl.loads = tile_loads({&u, &delta});
+    if (p.ckpt) check_launch(launch(u.scalar_type(), p, fl, false));
+  }
+  p.ckpt = numel ? ckpt.data_ptr<float>() : nullptr;
 
   Tensor du = at::empty_like(u), ddelta = at::empty_like(delta);
   Tensor dz = z ? at::empty_like(*z) : at::empty({0}, u.options());
