@@ -81,7 +81,7 @@ def _run_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_st
     args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
     if _native(u, A, B, C):
         out, last, ckpt = torch.ops.linrec._selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8],
-                                                               save_checkpoints=save_checkpoints and not cpu)
+                                                               save_checkpoints=save_checkpoints)
     else:
         ops = _triton_ops()
         if A.shape[1] > ops.MAX_STATE:
@@ -108,9 +108,8 @@ def checkpoint_numel(u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch
         return 0
     n_pad = max(16, 1 << (int(A.shape[1]) - 1).bit_length())
     chunk = 32 if n_pad <= 128 else 16
-    length = u.shape[2]
-    chunks = (length + chunk - 1) // chunk
-    return u.shape[0] * u.shape[1] * chunks * n_pad if length > chunk else 0
+    chunks = (u.shape[2] + chunk - 1) // chunk
+    return u.shape[0] * u.shape[1] * chunks * n_pad if chunks > 1 else 0
 
 
 def _alert_not_deterministic(device: torch.device) -> None:

@@ -19,27 +19,23 @@ cudaError_t run(const SelectiveParams& p, const SelectiveLaunch& launch, cudaStr
   const int64_t blocks = p.batch * groups * ((grp.segment + CPB - 1) / CPB);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if (blocks == 0) return cudaSuccess;
-  int smem;
-  const void* kernel;
+  // Raises the kernel's dynamic shared memory limit where it needs more than 48 KB, then launches it.
+  auto go = [&](auto kernel, int smem, auto... args) {
+    if (smem > 48 * 1024) {
+      const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+    }
+    kernel<<<blocks, kThreads, smem, stream>>>(p, grp, args...);
+    return cudaGetLastError();
+  };
   if constexpr (kBackward) {
-    smem = backward_smem<T, SPT, TPC>();
-    kernel = p.z.p ? reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC, true>)
-                   : reinterpret_cast<const void*>(&backward_kernel<T, SPT, TPC, false>);
+    constexpr int smem = backward_smem<T, SPT, TPC>();
+    return p.z.p ? go(&backward_kernel<T, SPT, TPC, true>, smem, launch.loads)
+                 : go(&backward_kernel<T, SPT, TPC, false>, smem, launch.loads);
   } else {
-    smem = forward_smem<T, SPT, TPC>();
-    kernel = reinterpret_cast<const void*>(&forward_kernel<T, SPT, TPC, kOut>);
+    return go(&forward_kernel<T, SPT, TPC, kOut>, forward_smem<T, SPT, TPC>(), launch.vector_stores, launch.loads);
   }
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
-  if constexpr (kBackward) {
-    if (p.z.p) backward_kernel<T, SPT, TPC, true><<<blocks, kThreads, smem, stream>>>(p, grp, launch.loads);
-    else backward_kernel<T, SPT, TPC, false><<<blocks, kThreads, smem, stream>>>(p, grp, launch.loads);
-  }
-  else forward_kernel<T, SPT, TPC, kOut><<<blocks, kThreads, smem, stream>>>(p, grp, launch.vector_stores,
-                                                                       launch.loads);
-  return cudaGetLastError();
 }
 
 template <typename T>

@@ -5,7 +5,6 @@
 namespace linrec {
 namespace selective {
 
-
 // The backward's per-step tiles in shared memory, (CPB, TS + 1) floats each (padded: conflict-free
 // when a warp's channels read one step). Filled per tile from u, delta, z and the output gradient;
 // the slots of dt, u and dzf take ddelta, du and dz once their step is done.
@@ -17,10 +16,9 @@ struct BackwardTiles {
 // `raw` (`staged`: how, staged_loads) or, when it could not be staged, from global memory.
 template <typename T, int CPB, int TS>
 __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Strided3 (&in)[4], const Channel& c,
-                                                    int64_t t0, int staged, const uint4* raw, const float* sbias,
-                                                    const BackwardTiles& tl) {
+                                                    int64_t t0, int nvalid, int staged, const uint4* raw,
+                                                    const float* sbias, const BackwardTiles& tl) {
   const bool has_z = p.z.p != nullptr;
-  const int nvalid = static_cast<int>(min(p.len - t0, static_cast<int64_t>(TS)));
   auto fill = [&](int ch, int s, const float(&v)[4]) {
     const int at = ch * (TS + 1) + s;
     const float u = v[0], delta = v[1], dout = v[2], z = v[3];
@@ -48,7 +46,7 @@ __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, co
 // pointers advance by one add per element (a stride of channels or of steps).
 template <typename T, int CPB, int TS>
 __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, const Channel& c, int64_t t0,
-                                                     const BackwardTiles& tl) {
+                                                     int nvalid, const BackwardTiles& tl) {
   constexpr int kPer = (CPB * TS + kThreads - 1) / kThreads;
   const bool steps_fast = p.u.sl == 1;
   int ch = steps_fast ? threadIdx.x / TS : threadIdx.x % CPB, s = steps_fast ? threadIdx.x % TS : threadIdx.x / CPB;
@@ -59,7 +57,6 @@ __device__ __forceinline__ void store_backward_tiles(const SelectiveParams& p, c
   T* dz = p.dz.p ? row<T>(p.dz, c.b, d) + l * p.dz.sl : nullptr;
   const int64_t inc_u = dch * p.du.sd + ds * p.du.sl, inc_d = dch * p.ddelta.sd + ds * p.ddelta.sl;
   const int64_t inc_z = dch * p.dz.sd + ds * p.dz.sl;
-  const int nvalid = static_cast<int>(min(p.len - t0, static_cast<int64_t>(TS)));
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     if (ch < c.count && s < nvalid) {
@@ -91,13 +88,15 @@ struct BackwardSmem {
   static constexpr int kRawVectors = 4 * StagedWindow<T, CPB, TS>::NV;
   static constexpr int kRaw = 4 * TS * NP, kRows = kRaw + 4 * kRawVectors, kTile = CPB * (TS + 1);
   static constexpr int kSub = kRows + 5 * kTile;  // sub-chunk entry states
-  static constexpr int floats(int every) {
-    return ((kSub + kMaxSub / every * SPT * kThreads + 3) / 4) * 4 + kWarps * S * 2 * NP + CPB;
-  }
+  // Offset of the dB/dC slices (16-byte aligned) and size of the layout with entry states every `every`
+  // sub-chunks.
+  static constexpr int red_at(int every) { return ((kSub + kMaxSub / every * SPT * kThreads + 3) / 4) * 4; }
+  static constexpr int floats(int every) { return red_at(every) + kWarps * S * 2 * NP + CPB; }
+  // sm_90: 228 KB of shared memory per SM, 1 KB of it reserved per resident block.
   static constexpr bool fits4(int every) { return 4 * (floats(every) * 4 + 1024) <= 228 * 1024; }
   static constexpr int kEvery = fits4(1) || !fits4(2) ? 1 : 2;
   static constexpr int kBlocks = NP == 256 ? 1 : fits4(kEvery) ? 4 : 3;
-  static constexpr int kRed = ((kSub + kMaxSub / kEvery * SPT * kThreads + 3) / 4) * 4;
+  static constexpr int kRed = red_at(kEvery);
   static constexpr int kBias = kRed + kWarps * S * 2 * NP;  // the block's delta_bias
   static constexpr int kFloats = floats(kEvery);
 };
@@ -160,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
     const int nsub = (nvalid + S - 1) / S;  // the last one's steps past len are identity steps
     cp_async_wait<0>();
     __syncthreads();  // tile k's copies are in
-    load_backward_tiles<T, CPB, TS>(p, in, c, t0, staged, raw, sbias, tl);
+    load_backward_tiles<T, CPB, TS>(p, in, c, t0, nvalid, staged, raw, sbias, tl);
     __syncthreads();  // the per-step tiles are filled: the raw buffer is free
     if (k > 0) {
       if (staged) stage_window<T, CPB, TS, 4>(raw, in, staged, c.b, c.first_d, c.count, t0 - TS, len);
@@ -291,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
       }
       __syncthreads();  // the dB/dC slices are rewritten by the next sub-chunk
     }
-    store_backward_tiles<T, CPB, TS>(p, c, t0, tl);
+    store_backward_tiles<T, CPB, TS>(p, c, t0, nvalid, tl);
     __syncthreads();  // the tiles and this tile's (B, C) buffer are refilled next iteration
   }
   if (!c.valid) return;

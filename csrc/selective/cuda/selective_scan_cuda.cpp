@@ -188,24 +188,21 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
   // Checkpoints: the forward kernel's states after each chunk but the last, saved by the training
   // forward or recomputed here by the states-only kernel.
   const int64_t numel = checkpoint_numel(p);
-  Tensor ckpt;
-  if (checkpoints && checkpoints->numel() == numel) {
-    TORCH_CHECK_VALUE(checkpoints->scalar_type() == at::kFloat && checkpoints->is_contiguous() &&
-                          checkpoints->device() == u.device(),
-                      "linrec.selective_scan_backward: checkpoints must be the float32 tensor that "
-                      "_selective_scan_train returned");
-    ckpt = *checkpoints;
-  } else {
-    TORCH_CHECK_VALUE(!checkpoints || checkpoints->numel() == 0, "linrec.selective_scan_backward: expected "
-                      "checkpoints of ", num(numel), " elements (or none), got ", num(checkpoints->numel()));
-    ckpt = at::empty({numel}, f32);
-    p.ckpt = numel ? ckpt.data_ptr<float>() : nullptr;
+  const bool saved = checkpoints && checkpoints->numel() == numel;
+  TORCH_CHECK_VALUE(saved || !checkpoints || checkpoints->numel() == 0, "linrec.selective_scan_backward: "
+                    "expected checkpoints of ", num(numel), " elements (or none), got ", num(checkpoints->numel()));
+  TORCH_CHECK_VALUE(!saved || (checkpoints->scalar_type() == at::kFloat && checkpoints->is_contiguous() &&
+                               checkpoints->device() == u.device()),
+                    "linrec.selective_scan_backward: checkpoints must be the float32 tensor that "
+                    "_selective_scan_train returned");
+  Tensor ckpt = saved ? *checkpoints : at::empty({numel}, f32);
+  p.ckpt = numel ? ckpt.data_ptr<float>() : nullptr;
+  if (!saved && p.ckpt) {
     SelectiveLaunch fl;
     fl.states_per_thread = forward_states_per_thread(p.nstate_pad, 0);  // p.out null: the states-only kernel
     fl.loads = tile_loads({&u, &delta});
-    if (p.ckpt) check_launch(launch(u.scalar_type(), p, fl, false));
+    check_launch(launch(u.scalar_type(), p, fl, false));
   }
-  p.ckpt = numel ? ckpt.data_ptr<float>() : nullptr;
 
   Tensor du = at::empty_like(u), ddelta = at::empty_like(delta);
   Tensor dz = z ? at::empty_like(*z) : at::empty({0}, u.options());
