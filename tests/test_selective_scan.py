@@ -203,7 +203,7 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("nstate,length", [(16, 70), (100, 33), (256, 40), (16, 32)])
 def test_training_op_saves_checkpoints(nstate, length):
     """linrec::_selective_scan_train on the CUDA C++ kernels: its checkpoints have the size the fake
-    kernel gives (none for a single chunk), opcheck passes, and a training step through
+    kernel gives (one slot per chunk), opcheck passes, and a training step through
     torch_linrec.selective_scan (which calls it) matches the op without saved checkpoints."""
     from torch_linrec.selective.ops import checkpoint_numel
     args = list(make("var-all", dtype=torch.float32, device="cuda", batch=1, dim=32768 // nstate + 1,
@@ -211,7 +211,9 @@ def test_training_op_saves_checkpoints(nstate, length):
     tensors = [t.requires_grad_() if isinstance(t, torch.Tensor) else t for t in args]
     _, _, ckpt = torch.ops.linrec._selective_scan_train(*tensors)
     expected = checkpoint_numel(args[0], args[2], args[3], args[4])
-    assert ckpt.numel() == expected and (expected > 0) == (length > 32), (ckpt.shape, expected)
+    chunk = 32 if nstate <= 128 else 16
+    n_pad = max(16, 1 << (nstate - 1).bit_length())
+    assert ckpt.numel() == expected == args[0].shape[1] * -(-length // chunk) * n_pad, (ckpt.shape, expected)
     # (opcheck's eager-vs-AOT comparison is left out: the CUDA backward's atomic sums are not
     # bitwise reproducible; test_opcheck runs it on the deterministic kernels)
     torch.library.opcheck(torch.ops.linrec._selective_scan_train.default, tuple(tensors),
@@ -296,6 +298,31 @@ def test_compile_fullgraph_dynamic_no_graph_break(device):
         want = torch.autograd.grad(f(*ref_leaves), ref_leaves)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_compile_dynamic_length_training_native():
+    """The training op on the CUDA C++ route under dynamic shapes: lengths within one chunk and over
+    several (checkpoint sizes 1 and 3 chunks) share one compiled graph (no guard on L)."""
+    torch._dynamo.reset()
+
+    def f(u, delta, A, B, C, D, z, bias, h0):
+        return torch_linrec.selective_scan(u, delta, A, B, C, D, z, bias, True, h0).float().square().sum()
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
+    for length in (20, 70):
+        args = make("var-all", dtype=torch.float32, device="cuda", batch=1, dim=2049, length=length, nstate=16)
+        tensors = [t for t in args if isinstance(t, torch.Tensor)]
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        ref_leaves = [t.clone().requires_grad_() for t in tensors]
+        got = torch.autograd.grad(cf(*leaves), leaves)
+        want = torch.autograd.grad(f(*ref_leaves), ref_leaves)
+        for a, b in zip(got, want):
+            assert _rel_err(a, b) <= 1e-5, (_rel_err(a, b), a.shape)
     assert counter.frame_count == 1
     torch._dynamo.reset()
 

@@ -23,8 +23,17 @@ __all__ = ["checkpoint_numel", "fake_selective_scan", "fake_selective_scan_backw
 _OP, _BWD = "linrec.selective_scan", "linrec.selective_scan_backward"
 
 
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without the dispatcher round trip when it is already that dtype (each call
+    is host time on the eager path)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _to(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if t is None else t.to(dtype).contiguous()
+    if t is None:
+        return None
+    t = _cast(t, dtype)
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _bc(t: torch.Tensor) -> torch.Tensor:
@@ -32,7 +41,7 @@ def _bc(t: torch.Tensor) -> torch.Tensor:
 
 
 def _bc_grad(g: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    return (g.squeeze(1) if t.dim() == 3 else g).to(t.dtype)
+    return _cast(g.squeeze(1) if t.dim() == 3 else g, t.dtype)
 
 
 def _triton_ops():
@@ -69,8 +78,7 @@ def _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dty
     if same_bc_dtype and (B.dtype != u.dtype or C.dtype != u.dtype):
         u, delta, z = u.to(ct), delta.to(ct), None if z is None else z.to(ct)
         B, C = B.to(ct), C.to(ct)
-    A = A.to(ct).contiguous()
-    return u, delta, A, _bc(B), _bc(C), _to(D, ct), z, _to(delta_bias, ct), _to(initial_state, ct)
+    return u, delta, _to(A, ct), _bc(B), _bc(C), _to(D, ct), z, _to(delta_bias, ct), _to(initial_state, ct)
 
 
 def _run_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state, save_checkpoints: bool):
@@ -88,7 +96,7 @@ def _run_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_st
             raise ValueError(f"{_OP}: the CUDA kernels take N <= {ops.MAX_STATE} states, got A of shape {list(A.shape)}")
         out, last = ops.selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8])
         ckpt = last.new_empty(0, dtype=torch.float32)
-    return out.to(u.dtype), last, ckpt
+    return _cast(out, u.dtype), last, ckpt
 
 
 def _forward(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None):
@@ -101,15 +109,15 @@ def _forward_train(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 
 def checkpoint_numel(u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor):
     """Elements of the checkpoints ``linrec::_selective_scan_train`` returns: on CUDA with the C++
-    kernels, the float32 state after every chunk but the last, ``(batch, D, chunks, N_pad)`` (chunks
-    of 32 steps, 16 above N_pad = 128; N_pad: N rounded up to a power of two, at least 16, as
-    csrc/selective/cuda pads it), when there is more than one chunk; else 0."""
+    kernels, one float32 state per (batch, channel, chunk), ``(batch, D, chunks, N_pad)``, the state
+    after every chunk but the last (whose slot is unused: the size has no case for a single chunk,
+    so dynamic shapes put no guard on L); chunks of 32 steps, 16 above N_pad = 128; N_pad: N rounded
+    up to a power of two, at least 16, as csrc/selective/cuda pads it. Else 0."""
     if u.device.type != "cuda" or not _native(u, A, B, C):
         return 0
     n_pad = max(16, 1 << (int(A.shape[1]) - 1).bit_length())
     chunk = 32 if n_pad <= 128 else 16
-    chunks = (u.shape[2] + chunk - 1) // chunk
-    return u.shape[0] * u.shape[1] * chunks * n_pad if chunks > 1 else 0
+    return u.shape[0] * u.shape[1] * ((u.shape[2] + chunk - 1) // chunk) * n_pad
 
 
 def _alert_not_deterministic(device: torch.device) -> None:
@@ -134,7 +142,7 @@ def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, de
     _alert_not_deterministic(u.device)
     cpu = u.device.type == "cpu"
     args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
-    grad_out = grad_out.to(args[0].dtype)
+    grad_out = _cast(grad_out, args[0].dtype)
     grad_last_state = _to(grad_last_state, compute_dtype(u.dtype))
     if _native(u, A, B, C):
         grads = torch.ops.linrec._selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7],
@@ -144,10 +152,10 @@ def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, de
                                                  args[8])
     du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
     empty = u.new_empty(0)
-    return (du.to(u.dtype), ddelta.to(delta.dtype), dA.to(A.dtype), _bc_grad(dB, B), _bc_grad(dC, C),
-            dD.to(D.dtype) if D is not None else empty, dz.to(z.dtype) if z is not None else empty,
-            dbias.to(delta_bias.dtype) if delta_bias is not None else empty,
-            dh0.to(initial_state.dtype) if initial_state is not None else empty)
+    return (_cast(du, u.dtype), _cast(ddelta, delta.dtype), _cast(dA, A.dtype), _bc_grad(dB, B), _bc_grad(dC, C),
+            _cast(dD, D.dtype) if D is not None else empty, _cast(dz, z.dtype) if z is not None else empty,
+            _cast(dbias, delta_bias.dtype) if delta_bias is not None else empty,
+            _cast(dh0, initial_state.dtype) if initial_state is not None else empty)
 
 
 for _device in ("cpu", "cuda"):

@@ -8,7 +8,7 @@
 // lanes. A block's channels share their B and C rows (one group of each), so B and C are staged
 // per tile of TS steps in shared memory with cp.async, the next tile in flight while the block
 // computes the current one. So are the raw per-step inputs of a tile (u, delta, z; the backward adds
-// the output gradient), as 16-byte vectors along the contiguous dim (stage_window; element loads by
+// the output gradient), as 16-byte vectors along the contiguous dim (WindowStager; element loads by
 // for_tile where the layout does not allow it), turned once per (channel, step) into shared-memory
 // rows (dt, dt u, silu(z), ...).
 // The forward's lanes reduce-scatter y's partial sums of a group of steps, each lane finishing and
@@ -22,6 +22,8 @@
 // a group: the lanes of a warp reduce-scatter them with shuffles into a warp-private shared slice,
 // and the block adds the slices' sum of a sub-chunk to global memory with vector atomics.
 #pragma once
+#include <type_traits>
+
 #include "../../linrec/cuda/scan_common.cuh"  // to_float, from_float
 #include "params.h"
 
@@ -79,7 +81,7 @@ __device__ __forceinline__ uint32_t load_bits(const T* p) {
 // Calls f(ch, s, v) for every element of a block's window of NT (batch, dim, len) tensors: channels
 // d0 + ch for ch < CPB, steps t0 + s for s < TS; v[k] = tensor k's value, 0 for a null tensor and
 // outside `count` channels or `len` steps. Element loads, consecutive threads along the contiguous
-// dim, a thread's loads issued before any conversion: the path of windows that stage_window cannot
+// dim, a thread's loads issued before any conversion: the path of windows that WindowStager cannot
 // copy as 16-byte vectors.
 template <typename T, int CPB, int TS, int NT, typename F>
 __device__ __forceinline__ void for_tile(const Strided3 (&ts)[NT], int64_t b, int64_t d0, int count, int64_t t0,
@@ -171,13 +173,17 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // into `dst` (B then C, TS x NP floats each; B only when !kC); steps past len read as zero.
 template <int NP, int TS, bool kC = true>
 __device__ __forceinline__ void stage_bc(float* dst, const float* B, const float* C, int64_t t0, int64_t len) {
-  constexpr int kVecs = TS * NP / 4;
-  for (int i = threadIdx.x; i < (kC ? 2 : 1) * kVecs; i += kThreads) {
+  constexpr int kVecs = TS * NP / 4, kAll = (kC ? 2 : 1) * kVecs, K = (kAll + kThreads - 1) / kThreads;
+  const float* Bt = B + t0 * NP;
+  const float* Ct = C + t0 * NP;
+  const int steps = static_cast<int>(min(len - t0, static_cast<int64_t>(TS)));  // t0 < len
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    if (kAll % kThreads != 0 && i >= kAll) break;
     const int j = i < kVecs ? i : i - kVecs;
-    const int64_t step = t0 + (4 * j) / NP;
-    const float* src = (i < kVecs ? B : C) + t0 * NP + 4 * j;
-    const bool full = step < len;
-    cp_async16(dst + 4 * i, full ? src : B, full);
+    const bool full = (4 * j) / NP < steps;
+    cp_async16(dst + 4 * i, full ? (i < kVecs ? Bt : Ct) + 4 * j : B, full);
   }
   cp_async_commit();
 }
@@ -201,62 +207,112 @@ __device__ __forceinline__ int staged_loads(int loads, int count, int64_t d0) {
 }
 
 // Vectors of a staged (CPB, TS) window of one tensor, and where vector i lies: channel ch, step s
-// (its first element; the next VE - 1 follow along steps or along channels by `mode`).
+// (its first element; the next VE - 1 follow along steps or along channels by `mode`). A thread
+// holds vectors threadIdx.x + k kThreads, k < K.
 template <typename T, int CPB, int TS>
 struct StagedWindow {
-  static constexpr int VE = 16 / sizeof(T), NV = CPB * TS / VE;
+  static constexpr int VE = 16 / sizeof(T), NV = CPB * TS / VE, K = (NV + kThreads - 1) / kThreads;
   static constexpr int RV = TS / VE, CV = CPB >= VE ? CPB / VE : 1;
   static __device__ __forceinline__ void at(int mode, int i, int* ch, int* s) {
     if (mode == kStepVectors) *ch = i / RV, *s = (i % RV) * VE;
     else *s = i / CV, *ch = (i % CV) * VE;
   }
+  static __device__ __forceinline__ bool holds(int i) { return NV % kThreads == 0 || i < NV; }
 };
 
-// Starts copying the window (channels d0 .. d0 + CPB, steps t0 .. t0 + TS) of NT tensors into
-// `raw` (NT x NV vectors, tensor-major), the vectors in StagedWindow order; what lies outside
+// Copies a block's windows (channels d0 .. d0 + CPB, steps t0 .. t0 + TS) of NT tensors into `raw`
+// (NT x NV vectors, tensor-major, in StagedWindow order) by cp.async, tile after tile: the 64-bit
+// addresses of a thread's vectors are computed once, then move by whole tiles. What lies outside
 // `count` channels or `len` steps reads as zero. `mode`: staged_loads' result, not kScalarLoads.
-// Joins the caller's next cp.async group (no commit here).
+// copy() joins the caller's next cp.async group (no commit here).
 template <typename T, int CPB, int TS, int NT>
-__device__ __forceinline__ void stage_window(uint4* raw, const Strided3 (&ts)[NT], int mode, int64_t b, int64_t d0,
-                                             int count, int64_t t0, int64_t len) {
+struct WindowStager {
   using W = StagedWindow<T, CPB, TS>;
-  for (int i = threadIdx.x; i < W::NV; i += kThreads) {
-    int ch, s;
-    W::at(mode, i, &ch, &s);
-    const int64_t l = t0 + s;
-    const int64_t steps = mode == kStepVectors ? (ch < count ? len - l : 0) : (l < len ? W::VE : 0);
-    const int bytes = static_cast<int>(steps <= 0 ? 0 : steps >= W::VE ? 16 : steps * sizeof(T));
+  const T* src[W::K][NT];  // the vector's first element in the current tile (null for a null tensor)
+  int64_t end[W::K];       // len - the vector's step in a tile; 0 for channels outside count
+  bool along_steps;
+
+  __device__ __forceinline__ WindowStager(const Strided3 (&ts)[NT], int mode, int64_t b, int64_t d0, int count,
+                                          int64_t t0, int64_t len)
+      : along_steps(mode == kStepVectors) {
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (!ts[t].p) continue;
-      const T* src = bytes ? row<const T>(ts[t], b, d0 + ch) + l * ts[t].sl : static_cast<const T*>(ts[t].p);
-      cp_async16_partial(raw + t * W::NV + i, src, bytes);
+    for (int k = 0; k < W::K; ++k) {
+      int ch, s;
+      W::at(mode, threadIdx.x + k * kThreads, &ch, &s);
+      end[k] = !along_steps || ch < count ? len - s : 0;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        src[k][t] = ts[t].p ? row<const T>(ts[t], b, d0 + ch) + (t0 + s) * ts[t].sl : nullptr;
     }
+  }
+  // Starts copying the window of the tile at t0 (where the addresses are).
+  __device__ __forceinline__ void copy(uint4* raw, const Strided3 (&ts)[NT], int64_t t0) const {
+#pragma unroll
+    for (int k = 0; k < W::K; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      if (!W::holds(i)) break;
+      const int64_t left = end[k] - t0;  // steps of the vector's row from its first step to len
+      const int bytes = left <= 0 ? 0 : !along_steps || left >= W::VE ? 16 : static_cast<int>(left) * sizeof(T);
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        if (ts[t].p) cp_async16_partial(raw + t * W::NV + i, bytes ? src[k][t] : ts[t].p, bytes);
+    }
+  }
+  // Moves the addresses by `tiles` tiles along L.
+  __device__ __forceinline__ void move(const Strided3 (&ts)[NT], int tiles) {
+#pragma unroll
+    for (int k = 0; k < W::K; ++k)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        if (src[k][t]) src[k][t] += tiles * TS * ts[t].sl;
+  }
+};
+
+// for_tile over a window staged by WindowStager (complete and visible to the block): for_staged
+// calls f(ch, s, v) for every element, v[k] = tensor k's value (0 for a null tensor and outside the
+// window's channels and steps); staged_vector does it for the VE elements of vector i.
+template <typename T, int CPB, int TS, int NT, typename F>
+__device__ __forceinline__ void staged_vector(const uint4* raw, const Strided3 (&ts)[NT], int i, bool along_steps, F& f) {
+  using W = StagedWindow<T, CPB, TS>;
+  uint4 w[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) w[t] = ts[t].p ? raw[t * W::NV + i] : make_uint4(0, 0, 0, 0);
+  int ch, s;
+  W::at(along_steps ? kStepVectors : kChannelVectors, i, &ch, &s);
+#pragma unroll
+  for (int e = 0; e < W::VE; ++e) {
+    float v[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) v[t] = lane_of<T>(w[t], e);
+    if (along_steps) f(ch, s + e, v);
+    else f(ch + e, s, v);
   }
 }
-
-// for_tile over a window staged by stage_window (complete and visible to the block): calls
-// f(ch, s, v) for every element, v[k] = tensor k's value (0 for a null tensor and outside the
-// window's channels and steps).
-template <typename T, int CPB, int TS, int NT, typename F>
-__device__ __forceinline__ void for_staged(const uint4* raw, const Strided3 (&ts)[NT], int mode, F&& f) {
+template <typename T, int CPB, int TS, int NT, int kMode, bool kUnrolled, typename F>
+__device__ __forceinline__ void for_staged_as(const uint4* raw, const Strided3 (&ts)[NT], int mode, F& f) {
   using W = StagedWindow<T, CPB, TS>;
-#pragma unroll 1
-  for (int i = threadIdx.x; i < W::NV; i += kThreads) {
-    uint4 w[NT];
+  const bool along_steps = (kMode == kScalarLoads ? mode : kMode) == kStepVectors;
+  if constexpr (kUnrolled) {
 #pragma unroll
-    for (int t = 0; t < NT; ++t) w[t] = ts[t].p ? raw[t * W::NV + i] : make_uint4(0, 0, 0, 0);
-    int ch, s;
-    W::at(mode, i, &ch, &s);
-#pragma unroll
-    for (int e = 0; e < W::VE; ++e) {
-      float v[NT];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) v[t] = lane_of<T>(w[t], e);
-      if (mode == kStepVectors) f(ch, s + e, v);
-      else f(ch + e, s, v);
+    for (int k = 0; k < W::K; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      if (!W::holds(i)) break;
+      staged_vector<T, CPB, TS, NT>(raw, ts, i, along_steps, f);
     }
+  } else {
+#pragma unroll 1
+    for (int i = threadIdx.x; i < W::NV; i += kThreads) staged_vector<T, CPB, TS, NT>(raw, ts, i, along_steps, f);
   }
+}
+// kSplit: one loop per staging mode (no per-element mode test, twice the code); else one loop reads
+// `mode` at run time. kUnrolled: a thread's vectors unrolled, else a rolled loop. Both only change
+// the code's shape: the kernels choose what measured faster for them (bench/NOTES.md; near 128 or 96
+// registers the shape decides whether the kernel spills).
+template <typename T, int CPB, int TS, int NT, bool kSplit, bool kUnrolled, typename F>
+__device__ __forceinline__ void for_staged(const uint4* raw, const Strided3 (&ts)[NT], int mode, F&& f) {
+  if (!kSplit) for_staged_as<T, CPB, TS, NT, kScalarLoads, kUnrolled>(raw, ts, mode, f);
+  else if (mode == kStepVectors) for_staged_as<T, CPB, TS, NT, kStepVectors, kUnrolled>(raw, ts, mode, f);
+  else for_staged_as<T, CPB, TS, NT, kChannelVectors, kUnrolled>(raw, ts, mode, f);
 }
 
 // The SPT values of state n0 onwards at one step of a staged (TS, NP) tile.
@@ -308,11 +364,6 @@ __device__ __forceinline__ Channel channel_of(const SelectiveParams& p, const Gr
   c.gb = c.d / (p.dim / grp.b);
   c.gc = c.d / (p.dim / grp.c);
   return c;
-}
-
-__device__ __forceinline__ float step_dt(float delta, float bias, bool sp) {
-  const float raw = delta + bias;
-  return sp ? softplus(raw) : raw;
 }
 
 }  // namespace selective

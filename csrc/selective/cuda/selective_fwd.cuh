@@ -22,12 +22,16 @@ struct ForwardSmem {
   static_assert(TS % V == 0, "a tile holds whole groups");
 };
 
-// 4 blocks (16 warps) per SM at up to 8 states per thread: the unrolled group's B and C loads would
-// otherwise take ~150 registers and 3 blocks per SM. kOut = false: the backward's checkpoint pass,
-// which needs only the states (no C, z, y or out).
+// Blocks (of 4 warps) per SM: 5 for 2-byte types at 4 states per thread (96 registers, no spills:
+// more warps to cover the exp2 and shared-memory latencies); else 4 at up to 8 states per thread
+// (the unrolled group's B and C loads would otherwise take ~150 registers and 3 blocks per SM), 2
+// at 16. kOut = false: the backward's checkpoint pass, which needs only the states (no C, z, y or out).
+template <typename T, int SPT>
+constexpr int forward_blocks() { return SPT >= 16 ? 2 : SPT == 4 && sizeof(T) == 2 ? 5 : 4; }
+
 template <typename T, int SPT, int TPC, bool kOut>
-__global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(const SelectiveParams p, const Groups grp, const bool vec,
-                                                           const int loads) {
+__global__ void __launch_bounds__(kThreads, forward_blocks<T, SPT>())
+    forward_kernel(const SelectiveParams p, const Groups grp, const bool vec, const int loads) {
   using L = ForwardSmem<T, SPT, TPC>;
   constexpr int NP = L::NP, TS = L::TS, CPB = L::CPB, V = L::V, E = V / TPC, RS = L::RS;
   extern __shared__ __align__(16) float smem[];
@@ -59,8 +63,9 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
   // block scans tile k, where whole 16-byte vectors allow it; else each tile loads its own.
   const int staged = staged_loads<T, CPB>(loads, c.count, c.first_d);
   uint4* raw = reinterpret_cast<uint4*>(smem + L::kRaw);
+  WindowStager<T, CPB, TS, 3> stager(io, staged, c.b, c.first_d, c.count, 0, len);
   if (ntiles > 0) {
-    if (staged) stage_window<T, CPB, TS, 3>(raw, io, staged, c.b, c.first_d, c.count, 0, len);
+    if (staged) stager.copy(raw, io, 0);
     stage_bc<NP, TS, kOut>(smem, Bg, Cg, 0, len);
   }
   for (int64_t k = 0; k < ntiles; ++k) {
@@ -68,17 +73,29 @@ __global__ void __launch_bounds__(kThreads, SPT >= 16 ? 2 : 4) forward_kernel(co
     const int nvalid = static_cast<int>(t1 - t0);
     cp_async_wait<0>();
     __syncthreads();  // tile k's copies are in; the previous tile's rows are read; sbias is written
-    auto rows = [&](int ch, int s, const float(&v)[3]) {
-      const bool in = ch < c.count && s < nvalid;
-      const float dt = in ? step_dt(v[1], sbias[ch], p.softplus) : 0.f;  // padding steps keep the state
-      dd[ch * (RS / 2) + s] = make_float2(dt, dt * v[0]);
-      if (kOut) ug[ch * (RS / 2) + s] = make_float2(v[0], has_z ? v[2] * sigmoid(v[2]) : 1.f);
+    // The per-step rows of (channel, step), branch-free: padding steps and channels get dt = 0 (the
+    // state is kept); softplus is a compile-time switch (the loaders run once per softplus setting).
+    auto rows = [&](auto kSoftplus) {
+      return [&](int ch, int s, const float(&v)[3]) {
+        const float keep = ch < c.count && s < nvalid ? 1.f : 0.f;
+        const float raw_dt = v[1] + sbias[ch];
+        const float dt = (decltype(kSoftplus)::value ? softplus(raw_dt) : raw_dt) * keep;
+        dd[ch * (RS / 2) + s] = make_float2(dt, dt * v[0]);
+        if (kOut) ug[ch * (RS / 2) + s] = make_float2(v[0], has_z ? v[2] * sigmoid(v[2]) : 1.f);
+      };
     };
-    if (staged) for_staged<T, CPB, TS, 3>(raw, io, staged, rows);
-    else for_tile<T, CPB, TS, 3>(io, c.b, c.first_d, c.count, t0, len, rows);
+    auto fill = [&](auto kSoftplus) {
+      if (staged) for_staged<T, CPB, TS, 3, true, false>(raw, io, staged, rows(kSoftplus));
+      else for_tile<T, CPB, TS, 3>(io, c.b, c.first_d, c.count, t0, len, rows(kSoftplus));
+    };
+    if (p.softplus) fill(std::true_type{});
+    else fill(std::false_type{});
     __syncthreads();  // the per-step rows are written; the raw buffer is free
     if (k + 1 < ntiles) {
-      if (staged) stage_window<T, CPB, TS, 3>(raw, io, staged, c.b, c.first_d, c.count, t0 + TS, len);
+      if (staged) {
+        stager.move(io, 1);
+        stager.copy(raw, io, t0 + TS);
+      }
       stage_bc<NP, TS, kOut>(smem + ((k + 1) % 2) * 2 * TS * NP, Bg, Cg, t0 + TS, len);
     }
     const float* sB = smem + (k % 2) * 2 * TS * NP + n0;

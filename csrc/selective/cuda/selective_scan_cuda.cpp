@@ -147,10 +147,10 @@ Prepared prepare(const Tensor& u, const Tensor& delta, const Tensor& A, const Te
 
 // The checkpoints' size: (batch, dim, chunks, N_pad) floats where the sequence has more than one
 // chunk, else none (the forward kernel writes the state after every chunk but the last).
-int64_t checkpoint_numel(const SelectiveParams& p) {
-  const int64_t nchunks = (p.len + p.chunk - 1) / p.chunk;
-  return nchunks > 1 ? p.batch * p.dim * nchunks * p.nstate_pad : 0;
-}
+// The checkpoints' slots: one state per (row, chunk), the last chunk's unused (the training op's size
+// then depends on L through ceil(L / chunk) only, with no guard on L > chunk under dynamic shapes).
+int64_t nchunks(const SelectiveParams& p) { return (p.len + p.chunk - 1) / p.chunk; }
+int64_t checkpoint_numel(const SelectiveParams& p) { return p.batch * p.dim * nchunks(p) * p.nstate_pad; }
 
 std::tuple<Tensor, Tensor, Tensor> selective_scan_fwd_cuda(const Tensor& u, const Tensor& delta, const Tensor& A,
                                                            const Tensor& B, const Tensor& C, const OptTensor& D,
@@ -186,11 +186,12 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
   SelectiveParams& p = r.p;
   const auto f32 = A.options().dtype(at::kFloat);
   // Checkpoints: the forward kernel's states after each chunk but the last, saved by the training
-  // forward or recomputed here by the states-only kernel.
-  const int64_t numel = checkpoint_numel(p);
-  const bool saved = checkpoints && checkpoints->numel() == numel;
-  TORCH_CHECK_VALUE(saved || !checkpoints || checkpoints->numel() == 0, "linrec.selective_scan_backward: "
-                    "expected checkpoints of ", num(numel), " elements (or none), got ", num(checkpoints->numel()));
+  // forward or recomputed here by the states-only kernel (none to compute for a single chunk).
+  const int64_t numel = nchunks(p) > 1 ? checkpoint_numel(p) : 0;
+  const bool saved = checkpoints && checkpoints->numel() == checkpoint_numel(p) && numel;
+  TORCH_CHECK_VALUE(saved || !checkpoints || checkpoints->numel() == 0 || checkpoints->numel() == checkpoint_numel(p),
+                    "linrec.selective_scan_backward: expected checkpoints of ", num(checkpoint_numel(p)),
+                    " elements (or none), got ", num(checkpoints->numel()));
   TORCH_CHECK_VALUE(!saved || (checkpoints->scalar_type() == at::kFloat && checkpoints->is_contiguous() &&
                                checkpoints->device() == u.device()),
                     "linrec.selective_scan_backward: checkpoints must be the float32 tensor that "
