@@ -20,7 +20,8 @@
 // last recomputes its states and decays exp(dt A) into registers and runs the adjoint
 // g[n,l] = C[n,l] dy[l] + exp(dt[l+1] A[n]) g[n,l+1] backwards. dB and dC sum over the channels of
 // a group: the lanes of a warp reduce-scatter them with shuffles into a warp-private shared slice,
-// and the block adds the slices' sum of a sub-chunk to global memory with vector atomics.
+// added to global memory with vector atomics after each sub-chunk (by the warp, or summed over the
+// block first at large N).
 #pragma once
 #include <type_traits>
 
