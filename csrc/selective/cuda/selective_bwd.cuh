@@ -14,17 +14,16 @@ struct BackwardTiles {
 
 // Fills the per-step tiles of the tile at t0 from `in` = (u, delta, dout, z): its window staged in
 // `raw` (`staged`: how, staged_loads) or, when it could not be staged, from global memory.
-// kSplit: one loader per softplus setting and staging mode, its vectors unrolled (fewer instructions
-// per element: float32 backward 1.84 -> 1.70 ms); for 2-byte types that code shape pushed the
-// 128-register sub-chunk loop into spills (bench/NOTES.md).
-template <typename T, int CPB, int TS, bool kSplit = sizeof(T) == 4>
+// One loader per softplus setting and staging mode (compile-time switches: no per-element tests); a
+// thread's staged vectors are unrolled for 4-byte types only (float32 backward 1.84 -> 1.70 ms; for
+// 2-byte types the unrolled loader pushed the 128-register sub-chunk loop into spills, bench/NOTES.md).
+template <typename T, int CPB, int TS>
 __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Strided3 (&in)[4], const Channel& c,
                                                     int64_t t0, int nvalid, int staged, const uint4* raw,
                                                     const float* sbias, const BackwardTiles& tl) {
   const bool has_z = p.z.p != nullptr;
   // Steps past len (u, dout = 0) get dt = 0 and d dt / d delta = 0: exp(dt A) = 1 keeps the states
   // and the adjoint, and their gradients are zero, so the kernel walks whole sub-chunks unguarded.
-  // sp: softplus, a compile-time switch where the loader is split (kSplit), else read at run time.
   auto fill = [&](auto sp) {
     return [&, sp](int ch, int s, const float(&v)[4]) {
       const int at = ch * (TS + 1) + s;
@@ -43,11 +42,10 @@ __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, co
     };
   };
   auto load = [&](auto sp) {
-    if (staged) for_staged<T, CPB, TS, 4, kSplit, kSplit>(raw, in, staged, fill(sp));
+    if (staged) for_staged<T, CPB, TS, 4, sizeof(T) == 4>(raw, in, staged, fill(sp));
     else for_tile<T, CPB, TS, 4>(in, c.b, c.first_d, c.count, t0, p.len, fill(sp));
   };
-  if (!kSplit) load(p.softplus);
-  else if (p.softplus) load(std::true_type{});
+  if (p.softplus) load(std::true_type{});
   else load(std::false_type{});
 }
 

@@ -290,30 +290,29 @@ __device__ __forceinline__ void staged_vector(const uint4* raw, const Strided3 (
   }
 }
 template <typename T, int CPB, int TS, int NT, int kMode, bool kUnrolled, typename F>
-__device__ __forceinline__ void for_staged_as(const uint4* raw, const Strided3 (&ts)[NT], int mode, F& f) {
+__device__ __forceinline__ void for_staged_as(const uint4* raw, const Strided3 (&ts)[NT], F& f) {
   using W = StagedWindow<T, CPB, TS>;
-  const bool along_steps = (kMode == kScalarLoads ? mode : kMode) == kStepVectors;
   if constexpr (kUnrolled) {
 #pragma unroll
     for (int k = 0; k < W::K; ++k) {
       const int i = threadIdx.x + k * kThreads;
       if (!W::holds(i)) break;
-      staged_vector<T, CPB, TS, NT>(raw, ts, i, along_steps, f);
+      staged_vector<T, CPB, TS, NT>(raw, ts, i, kMode == kStepVectors, f);
     }
   } else {
 #pragma unroll 1
-    for (int i = threadIdx.x; i < W::NV; i += kThreads) staged_vector<T, CPB, TS, NT>(raw, ts, i, along_steps, f);
+    for (int i = threadIdx.x; i < W::NV; i += kThreads)
+      staged_vector<T, CPB, TS, NT>(raw, ts, i, kMode == kStepVectors, f);
   }
 }
-// kSplit: one loop per staging mode (no per-element mode test, twice the code); else one loop reads
-// `mode` at run time. kUnrolled: a thread's vectors unrolled, else a rolled loop. Both only change
-// the code's shape: the kernels choose what measured faster for them (bench/NOTES.md; near 128 or 96
-// registers the shape decides whether the kernel spills).
-template <typename T, int CPB, int TS, int NT, bool kSplit, bool kUnrolled, typename F>
+// One loop per staging mode (`mode`: staged_loads' result, not kScalarLoads), so no element tests
+// the mode. kUnrolled: a thread's vectors unrolled, else a rolled loop; only the code's shape
+// changes, and the kernels take what measured faster for them (near their register bounds the shape
+// decides whether they spill; bench/NOTES.md item 34).
+template <typename T, int CPB, int TS, int NT, bool kUnrolled, typename F>
 __device__ __forceinline__ void for_staged(const uint4* raw, const Strided3 (&ts)[NT], int mode, F&& f) {
-  if (!kSplit) for_staged_as<T, CPB, TS, NT, kScalarLoads, kUnrolled>(raw, ts, mode, f);
-  else if (mode == kStepVectors) for_staged_as<T, CPB, TS, NT, kStepVectors, kUnrolled>(raw, ts, mode, f);
-  else for_staged_as<T, CPB, TS, NT, kChannelVectors, kUnrolled>(raw, ts, mode, f);
+  if (mode == kStepVectors) for_staged_as<T, CPB, TS, NT, kStepVectors, kUnrolled>(raw, ts, f);
+  else for_staged_as<T, CPB, TS, NT, kChannelVectors, kUnrolled>(raw, ts, f);
 }
 
 // The SPT values of state n0 onwards at one step of a staged (TS, NP) tile.

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, forward_blocks<T, SPT>())
       };
     };
     auto fill = [&](auto kSoftplus) {
-      if (staged) for_staged<T, CPB, TS, 3, true, false>(raw, io, staged, rows(kSoftplus));
+      if (staged) for_staged<T, CPB, TS, 3, false>(raw, io, staged, rows(kSoftplus));
       else for_tile<T, CPB, TS, 3>(io, c.b, c.first_d, c.count, t0, len, rows(kSoftplus));
     };
     if (p.softplus) fill(std::true_type{});
