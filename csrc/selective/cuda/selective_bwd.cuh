@@ -15,8 +15,9 @@ struct BackwardTiles {
 // Fills the per-step tiles of the tile at t0 from `in` = (u, delta, dout, z): its window staged in
 // `raw` (`staged`: how, staged_loads) or, when it could not be staged, from global memory.
 // One loader per softplus setting and staging mode (compile-time switches: no per-element tests); a
-// thread's staged vectors are unrolled for 4-byte types only (float32 backward 1.84 -> 1.70 ms; for
-// 2-byte types the unrolled loader pushed the 128-register sub-chunk loop into spills, bench/NOTES.md).
+// thread's staged vectors are unrolled for 4-byte types (float32 backward 1.84 -> 1.70 ms) and at 16
+// channels per block or fewer, else rolled: the code shape that keeps each kernel's sub-chunk loop out
+// of spills at 128 registers (bench/NOTES.md item 34).
 template <typename T, int CPB, int TS>
 __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, const Strided3 (&in)[4], const Channel& c,
                                                     int64_t t0, int nvalid, int staged, const uint4* raw,
@@ -42,7 +43,7 @@ __device__ __forceinline__ void load_backward_tiles(const SelectiveParams& p, co
     };
   };
   auto load = [&](auto sp) {
-    if (staged) for_staged<T, CPB, TS, 4, sizeof(T) == 4>(raw, in, staged, fill(sp));
+    if (staged) for_staged<T, CPB, TS, 4, sizeof(T) == 4 || CPB <= 16>(raw, in, staged, fill(sp));
     else for_tile<T, CPB, TS, 4>(in, c.b, c.first_d, c.count, t0, p.len, fill(sp));
   };
   if (p.softplus) load(std::true_type{});

@@ -22,15 +22,21 @@ struct ForwardSmem {
   static_assert(TS % V == 0, "a tile holds whole groups");
 };
 
-// Blocks (of 4 warps) per SM: 5 for 2-byte types at 4 states per thread (96 registers, no spills:
-// more warps to cover the exp2 and shared-memory latencies); else 4 at up to 8 states per thread
-// (the unrolled group's B and C loads would otherwise take ~150 registers and 3 blocks per SM), 2
-// at 16. kOut = false: the backward's checkpoint pass, which needs only the states (no C, z, y or out).
-template <typename T, int SPT>
-constexpr int forward_blocks() { return SPT >= 16 ? 2 : SPT == 4 && sizeof(T) == 2 ? 5 : 4; }
+// Blocks (of 4 warps) per SM, as the register bound of the launch: 5 for 2-byte types at 4 states
+// per thread (96 registers, no spills: more warps to cover the exp2 and shared-memory latencies);
+// else 4 at up to 8 states per thread (the unrolled group's B and C loads would otherwise take ~150
+// registers and 3 blocks per SM), 2 at 16; never more than fit in shared memory (sm_90: 228 KB per
+// SM, 1 KB reserved per block; N_pad = 128 fits 3, and bounding it at 4 spilled 72 bytes).
+template <typename T, int SPT, int TPC>
+constexpr int forward_blocks() {
+  constexpr int by_registers = SPT >= 16 ? 2 : SPT == 4 && sizeof(T) == 2 ? 5 : 4;
+  constexpr int by_smem = 228 * 1024 / (ForwardSmem<T, SPT, TPC>::kFloats * 4 + 1024);
+  return by_smem < by_registers ? (by_smem > 0 ? by_smem : 1) : by_registers;
+}
 
+// kOut = false: the backward's checkpoint pass, which needs only the states (no C, z, y or out).
 template <typename T, int SPT, int TPC, bool kOut>
-__global__ void __launch_bounds__(kThreads, forward_blocks<T, SPT>())
+__global__ void __launch_bounds__(kThreads, forward_blocks<T, SPT, TPC>())
     forward_kernel(const SelectiveParams p, const Groups grp, const bool vec, const int loads) {
   using L = ForwardSmem<T, SPT, TPC>;
   constexpr int NP = L::NP, TS = L::TS, CPB = L::CPB, V = L::V, E = V / TPC, RS = L::RS;
