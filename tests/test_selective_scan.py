@@ -302,6 +302,49 @@ def test_compile_fullgraph_dynamic_no_graph_break(device):
     torch._dynamo.reset()
 
 
+def test_fast_argument_check_agrees_with_full_checks():
+    """The plain-Python check of valid arguments (the eager host path) accepts exactly what the full,
+    per-argument checks accept: valid forms of every B/C variant, and every single or paired
+    mutation of a shape, dtype or optional argument (a wrong accept would skip an error)."""
+    from torch_linrec.selective.checks import _check_all, _valid_static
+    u, delta, A, B, C, D, z, bias, _, h0 = make("var-all", dtype=torch.float32)
+    base = dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=bias, initial_state=h0)
+    mutations = {
+        "u 2-D": ("u", u[0]), "u int": ("u", u.int()), "u float64": ("u", u.double()),
+        "u bf16": ("u", u.bfloat16()), "delta short": ("delta", delta[:, :, :5]),
+        "delta bf16": ("delta", delta.bfloat16()), "delta none": ("delta", None),
+        "z 2-D": ("z", z[0]), "z none": ("z", None), "z float64": ("z", z.double()),
+        "A rows": ("A", A[:3]), "A 1-D": ("A", A[0]), "A no states": ("A", A[:, :0]),
+        "A float64": ("A", A.double()), "A 3 -> 2 states": ("A", A[:, :2]),
+        "B (D, N)": ("B", torch.randn(4, 3)), "B (D, N) bad": ("B", torch.randn(4, 2)),
+        "B groups 1": ("B", B.unsqueeze(1)), "B groups 2": ("B", B.unsqueeze(1).expand(2, 2, 3, 37)),
+        "B groups 3": ("B", B.unsqueeze(1).expand(2, 3, 3, 37)), "B groups 0": ("B", B.unsqueeze(1)[:, :0]),
+        "B short": ("B", B[:, :, :5]), "B fp16": ("B", B.half()), "B float64": ("B", B.double()),
+        "B 5-D": ("B", B[None, None]), "C (D, N)": ("C", torch.randn(4, 3)), "C states": ("C", C[:, :2]),
+        "C bf16": ("C", C.bfloat16()), "D short": ("D", D[:2]), "D none": ("D", None),
+        "D float64": ("D", D.double()), "bias 2-D": ("delta_bias", bias[None]), "bias none": ("delta_bias", None),
+        "h0 2-D": ("initial_state", h0[0]), "h0 none": ("initial_state", None),
+        "h0 float64": ("initial_state", h0.double()),
+    }
+    keys = list(mutations)
+    combos = [()] + [(k,) for k in keys] + [(a, b) for i, a in enumerate(keys) for b in keys[i + 1:]
+                                             if mutations[a][0] != mutations[b][0]]
+    accepted = 0
+    for combo in combos:
+        args = dict(base)
+        for key in combo:
+            name, value = mutations[key]
+            args[name] = value
+        try:
+            _check_all("op", **args)
+            valid = True
+        except (ValueError, RuntimeError, IndexError):
+            valid = False
+        assert _valid_static(**args) == valid, combo
+        accepted += valid
+    assert accepted > 40  # the valid forms are covered, not only the invalid ones
+
+
 @pytest.mark.cuda
 @requires_cuda
 def test_compile_dynamic_length_training_native():

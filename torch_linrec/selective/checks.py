@@ -85,8 +85,12 @@ def check_selective_scan_args(op: str, u, delta, A, B, C, D, z, delta_bias, init
     Raises:
         ValueError: naming the argument, with the expected and the received shape, dtype or device.
     """
-    if _valid_static(u, delta, A, B, C, D, z, delta_bias, initial_state):
-        return
+    if not _valid_static(u, delta, A, B, C, D, z, delta_bias, initial_state):
+        _check_all(op, u, delta, A, B, C, D, z, delta_bias, initial_state)
+
+
+def _check_all(op: str, u, delta, A, B, C, D, z, delta_bias, initial_state) -> None:
+    """Every check of :func:`check_selective_scan_args`, one argument at a time (raises with the message)."""
     _fail(u.dim() == 3, lambda: f"{op}: u must have shape (B, D, L), got {_shape(u)}")
     _fail(u.dtype in _DTYPES, lambda: f"{op}: u must be float32, float16, bfloat16 or float64, got {u.dtype}")
     _fail(u.dtype != torch.float64 or u.device.type == "cpu",
