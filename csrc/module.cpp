@@ -193,8 +193,9 @@ TORCH_LIBRARY(linrec, m) {
   m.def(
       "_selective_scan_train(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, Tensor? z=None, "
       "Tensor? delta_bias=None, bool delta_softplus=False, Tensor? initial_state=None) -> (Tensor, Tensor, Tensor)");
-  // The kernels behind them (csrc/selective/cpu, csrc/selective/cuda), called after the Python
-  // checks with A, D, delta_bias, initial_state in the compute dtype. CPU: B, C (D, N) or
+  // The kernels behind them (csrc/selective/cpu, csrc/selective/cuda), called by the ops' C++ host
+  // path (csrc/selective/ops.cpp) after its argument test, with A, D, delta_bias, initial_state
+  // contiguous in the compute dtype. CPU: B, C (D, N) or
   // (B, G, N, L) in u's dtype; CUDA: (B, G, N, L) in u's dtype or float32. states_per_thread is a
   // launch hint of the CUDA forward kernel (0: its default; 4, 8 or 16), ignored on CPU and by the
   // backward (its checkpoint pass takes the default). save_checkpoints: the CUDA forward also returns
@@ -208,6 +209,17 @@ TORCH_LIBRARY(linrec, m) {
       "_selective_scan_bwd(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
       "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, "
       "int states_per_thread=0, Tensor? checkpoints=None) -> Tensor[]");
+
+  // The ops' Python implementation (torch_linrec/selective/ops.py), for the calls the C++ host path
+  // does not take: the argument checks with their ValueErrors, and the Triton kernels.
+  m.def(
+      "_selective_scan_python(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
+      "Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, bool save_checkpoints) -> "
+      "(Tensor, Tensor, Tensor)");
+  m.def(
+      "_selective_scan_backward_python(Tensor grad_out, Tensor? grad_last_state, Tensor u, Tensor delta, Tensor A, "
+      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial_state, "
+      "Tensor? checkpoints) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 
   // ---- Log-space scan (csrc/logscan, torch_linrec/logscan) ----
   // log_h[l] = logaddexp(log_coeffs[l] + log_h[l-1], log_x[l]) along `dim`, log_h[-1] = initial (a log

@@ -302,17 +302,15 @@ def test_compile_fullgraph_dynamic_no_graph_break(device):
     torch._dynamo.reset()
 
 
-def test_fast_argument_check_agrees_with_full_checks():
-    """The plain-Python check of valid arguments (the eager host path) accepts exactly what the full,
-    per-argument checks accept: valid forms of every B/C variant, and every single or paired
-    mutation of a shape, dtype or optional argument (a wrong accept would skip an error)."""
-    from torch_linrec.selective.checks import _check_all, _valid_static
+def _mutated_args():
+    """Valid arguments (every B/C form reached by mutation) and every single or paired mutation of a
+    shape, dtype or optional argument: ``[(combo, kwargs)]``."""
     u, delta, A, B, C, D, z, bias, _, h0 = make("var-all", dtype=torch.float32)
     base = dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=bias, initial_state=h0)
     mutations = {
         "u 2-D": ("u", u[0]), "u int": ("u", u.int()), "u float64": ("u", u.double()),
         "u bf16": ("u", u.bfloat16()), "delta short": ("delta", delta[:, :, :5]),
-        "delta bf16": ("delta", delta.bfloat16()), "delta none": ("delta", None),
+        "delta bf16": ("delta", delta.bfloat16()),
         "z 2-D": ("z", z[0]), "z none": ("z", None), "z float64": ("z", z.double()),
         "A rows": ("A", A[:3]), "A 1-D": ("A", A[0]), "A no states": ("A", A[:, :0]),
         "A float64": ("A", A.double()), "A 3 -> 2 states": ("A", A[:, :2]),
@@ -329,20 +327,87 @@ def test_fast_argument_check_agrees_with_full_checks():
     keys = list(mutations)
     combos = [()] + [(k,) for k in keys] + [(a, b) for i, a in enumerate(keys) for b in keys[i + 1:]
                                              if mutations[a][0] != mutations[b][0]]
-    accepted = 0
+    out = []
     for combo in combos:
         args = dict(base)
         for key in combo:
             name, value = mutations[key]
             args[name] = value
-        try:
-            _check_all("op", **args)
-            valid = True
-        except (ValueError, RuntimeError, IndexError):
-            valid = False
-        assert _valid_static(**args) == valid, combo
-        accepted += valid
-    assert accepted > 40  # the valid forms are covered, not only the invalid ones
+        out.append((combo, args))
+    return out
+
+
+def _checks_message(check, *args):
+    """The ValueError message of a Python check, or None when it passes."""
+    try:
+        check(*args)
+    except (ValueError, RuntimeError, IndexError) as exc:
+        return str(exc)
+    return None
+
+
+def test_cpp_argument_test_agrees_with_checks(monkeypatch):
+    """The C++ host path (csrc/selective/ops.cpp) runs exactly the calls whose arguments pass every
+    Python check: valid forms of every B/C variant run without reaching Python, and every single or
+    paired mutation of a shape, dtype or optional argument goes to the Python checks and raises their
+    ValueError (a wrong accept would run the kernels on bad arguments, a wrong reject lose speed)."""
+    from torch_linrec.selective import ops
+    from torch_linrec.selective.checks import check_selective_scan_args
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+    real = ops._python_forward
+    monkeypatch.setattr(ops, "_python_forward", counted)
+    accepted = 0
+    for combo, a in _mutated_args():
+        order = [a[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
+        message = _checks_message(check_selective_scan_args, "linrec.selective_scan", *order, a["initial_state"])
+        calls.clear()
+        if message is None:
+            out, last = torch.ops.linrec.selective_scan(*order, True, a["initial_state"])
+            assert not calls and out.shape == a["u"].shape and torch.isfinite(last).all(), combo
+            accepted += 1
+        else:
+            with pytest.raises(ValueError) as err:
+                torch.ops.linrec.selective_scan(*order, True, a["initial_state"])
+            assert str(err.value) == message and len(calls) == 1, (combo, str(err.value), message)
+    assert accepted > 30  # the valid forms are covered, not only the invalid ones
+
+
+def test_cpp_backward_argument_test_agrees_with_checks(monkeypatch):
+    """As above for linrec::selective_scan_backward, with grad_out and grad_last_state mutated too."""
+    from torch_linrec.selective import ops
+    from torch_linrec.selective.checks import check_selective_scan_backward_args
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+    real = ops._python_backward
+    monkeypatch.setattr(ops, "_python_backward", counted)
+    u = make("var-all", dtype=torch.float32)[0]
+    grad_out, grad_last = torch.randn_like(u), torch.randn(2, 4, 3)
+    grads = {"ok": (grad_out, grad_last), "no grad_last": (grad_out, None), "grad_out bf16": (grad_out.bfloat16(), grad_last),
+             "grad_out short": (grad_out[:, :, :5], grad_last), "grad_last float64": (grad_out, grad_last.double()),
+             "grad_last states": (grad_out, grad_last[:, :, :2])}
+    accepted = 0
+    for combo, a in _mutated_args()[:40]:
+        order = [a[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
+        for name, (go, gl) in grads.items():
+            message = _checks_message(check_selective_scan_backward_args, "linrec.selective_scan_backward", go, gl,
+                                      *order, a["initial_state"])
+            calls.clear()
+            if message is None:
+                result = torch.ops.linrec.selective_scan_backward(go, gl, *order, True, a["initial_state"])
+                assert not calls and result[0].shape == a["u"].shape, (combo, name)
+                accepted += 1
+            else:
+                with pytest.raises(ValueError) as err:
+                    torch.ops.linrec.selective_scan_backward(go, gl, *order, True, a["initial_state"])
+                assert str(err.value) == message and len(calls) == 1, (combo, name, str(err.value), message)
+    assert accepted > 15
 
 
 @pytest.mark.cuda
@@ -398,6 +463,35 @@ def test_double_backward_raises():
     gu, = torch.autograd.grad(out.square().sum(), leaves[0], create_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(gu.sum(), leaves[0])
+
+
+@pytest.mark.parametrize("op", ["selective_scan", "_selective_scan_train"])
+def test_torch_func_reverse_mode(op):
+    """torch.func.grad and vjp (their own route: functorch refuses the ops' C++ autograd) match the
+    float64 reference's gradients for every input; differentiating the gradient again raises."""
+    args = make("var-all", length=11)
+    names = (0, 1, 2, 3, 4, 5, 6, 7, 9)  # every tensor input
+    fn = getattr(torch.ops.linrec, op)
+
+    def loss(*tensors, f=fn):
+        full = list(args)
+        for i, t in zip(names, tensors):
+            full[i] = t
+        out, last = f(*full[:8], full[8], full[9])[:2]
+        return (out * out.detach().sin()).sum() + last.square().sum()
+
+    tensors = [args[i] for i in names]
+    got = torch.func.grad(loss, argnums=tuple(range(len(names))))(*tensors)
+    want = torch.func.grad(lambda *ts: loss(*ts, f=selective_scan_ref), argnums=tuple(range(len(names))))(*tensors)
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"input {names[i]}: {m}")
+    out, vjp = torch.func.vjp(lambda u: fn(u, *args[1:8], args[8], args[9])[0], args[0])
+    _, vjp_ref = torch.func.vjp(lambda u: selective_scan_ref(u, *args[1:8], args[8], args[9])[0], args[0])
+    cot = torch.randn_like(out)
+    torch.testing.assert_close(vjp(cot)[0], vjp_ref(cot)[0], rtol=1e-9, atol=1e-9)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.func.grad(lambda u: torch.func.grad(lambda v: fn(v, *args[1:8], args[8], args[9])[0].sum())(u).sum())(
+            args[0])
 
 
 def test_selective_scan_fn_drop_in_and_state_update():
@@ -470,11 +564,5 @@ def test_deterministic_algorithms(device):
             first = torch.autograd.grad(out.sum(), tensors, retain_graph=True)
             second = torch.autograd.grad(out.sum(), tensors)
             assert all(torch.equal(a, b) for a, b in zip(first, second))
-            from torch_linrec.selective.ops import _alert_not_deterministic  # the CUDA rule, without a GPU
-            with pytest.raises(RuntimeError, match="deterministic"):
-                _alert_not_deterministic(torch.device("cuda"))
-            torch.use_deterministic_algorithms(True, warn_only=True)
-            with pytest.warns(UserWarning, match="deterministic"):
-                _alert_not_deterministic(torch.device("cuda"))
     finally:
         torch.use_deterministic_algorithms(was, warn_only=was_warn)

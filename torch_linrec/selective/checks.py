@@ -48,49 +48,14 @@ def _check_bc(op: str, name: str, t: torch.Tensor, u: torch.Tensor, nstate) -> N
     _fail(t.device == u.device, lambda: f"{op}: {name} must be on the device of u ({u.device}), got {t.device}")
 
 
-def _valid_static(u, delta, A, B, C, D, z, delta_bias, initial_state) -> bool:
-    """Whether the arguments pass every check below, tested in plain Python for concrete shapes (the
-    host path of each eager call); False for anything else, symbolic shapes included, which then go
-    through the full checks (they raise with the message, or pass)."""
-    shape = u.shape
-    if len(shape) != 3 or not all(type(s) is int for s in shape):
-        return False
-    batch, dim, length = shape
-    dtype, device = u.dtype, u.device
-    if dtype not in _DTYPES or (dtype == torch.float64 and device.type != "cpu"):
-        return False
-    ct = torch.float64 if dtype == torch.float64 else torch.float32
-    for t in (delta, z):
-        if t is not None and (t.shape != shape or t.dtype != dtype or t.device != device):
-            return False
-    if A.dim() != 2 or A.dtype != ct or A.device != device or A.shape[0] != dim or not A.shape[1] >= 1:
-        return False
-    nstate = A.shape[1]
-    for t in (B, C):
-        if t.dtype not in (dtype, ct) or t.device != device:
-            return False
-        s = t.shape
-        if not (s == (dim, nstate) or s == (batch, nstate, length) or
-                (len(s) == 4 and s[0] == batch and s[2:] == (nstate, length) and s[1] >= 1 and dim % s[1] == 0)):
-            return False
-    for t, want in ((D, (dim,)), (delta_bias, (dim,)), (initial_state, (batch, dim, nstate))):
-        if t is not None and (t.shape != want or t.dtype != ct or t.device != device):
-            return False
-    return True
-
-
 def check_selective_scan_args(op: str, u, delta, A, B, C, D, z, delta_bias, initial_state) -> None:
-    """Validates the arguments of ``linrec::selective_scan`` (shapes in its schema's comment).
+    """Validates the arguments of ``linrec::selective_scan`` (shapes in its schema's comment), one
+    argument at a time. csrc/selective/ops.cpp (``valid_args``) tests the same rules without the
+    messages on every call, and sends what fails here.
 
     Raises:
         ValueError: naming the argument, with the expected and the received shape, dtype or device.
     """
-    if not _valid_static(u, delta, A, B, C, D, z, delta_bias, initial_state):
-        _check_all(op, u, delta, A, B, C, D, z, delta_bias, initial_state)
-
-
-def _check_all(op: str, u, delta, A, B, C, D, z, delta_bias, initial_state) -> None:
-    """Every check of :func:`check_selective_scan_args`, one argument at a time (raises with the message)."""
     _fail(u.dim() == 3, lambda: f"{op}: u must have shape (B, D, L), got {_shape(u)}")
     _fail(u.dtype in _DTYPES, lambda: f"{op}: u must be float32, float16, bfloat16 or float64, got {u.dtype}")
     _fail(u.dtype != torch.float64 or u.device.type == "cpu",

@@ -1,21 +1,22 @@
-"""Registration of ``linrec::selective_scan`` and ``linrec::selective_scan_backward`` beside their
-schemas (csrc/module.cpp): the CPU and CUDA implementations, the fake kernels and autograd, each once.
+"""Registration of ``linrec::selective_scan``, ``_selective_scan_train`` and
+``selective_scan_backward`` beside their schemas (csrc/module.cpp): their fake kernels, and the
+Python implementation behind their C++ host path.
 
-CPU: the C++ kernels (csrc/selective/cpu) through the internal ops ``linrec::_selective_scan_fwd``/``_bwd``.
-CUDA: the CUDA C++ kernels (csrc/selective/cuda) through the same internal ops for input-dependent B
-and C and N <= 256; the Triton kernels (torch_linrec/selective/triton, loaded on first use) for
-time-invariant B or C, and where the extension was built without CUDA. Both implementations
-run the checks of :mod:`.checks` and normalize B and C (``(B, N, L)`` becomes one group,
-``(B, 1, N, L)``) and the float parameters (A, D, delta_bias, initial_state) to the compute dtype.
+The ops' CPU and CUDA kernels and their autograd are C++ (csrc/selective/ops.cpp,
+csrc/selective/autograd.cpp): valid arguments that the C++ kernels take (always on CPU; on CUDA
+input-dependent B and C, N <= 256 and enough (channel, state) pairs) run them without Python. The
+rest comes here, through the internal ops ``linrec::_selective_scan_python`` and
+``_selective_scan_backward_python``: the checks of :mod:`.checks`, which raise ValueError naming the
+argument, and the Triton kernels (torch_linrec/selective/triton, loaded on first use) for
+time-invariant B or C, small problems, and an extension built without CUDA.
 """
 from __future__ import annotations
-
-import warnings
 
 import torch
 
 from .. import _library
 from .checks import check_selective_scan_args, check_selective_scan_backward_args
+from .functorch import register_functorch
 from .reference import compute_dtype
 
 __all__ = ["checkpoint_numel", "fake_selective_scan", "fake_selective_scan_backward", "fake_selective_scan_train"]
@@ -62,8 +63,10 @@ _CUDA_MIN_STATES = 32768
 
 
 def _native(u, A, B, C) -> bool:
-    """Whether the C++ kernels run this call: always on CPU; on CUDA for input-dependent B and C and
-    enough (channel, state) pairs to fill the GPU (else the Triton kernels)."""
+    """Whether the C++ kernels run this (valid) call: always on CPU; on CUDA for input-dependent B and
+    C and enough (channel, state) pairs to fill the GPU (else the Triton kernels). The rule of
+    csrc/selective/ops.cpp (``native``), which routes the calls; the fake kernels size the
+    checkpoints by it."""
     if u.device.type == "cpu":
         return True
     nstate = A.shape[1]
@@ -72,8 +75,9 @@ def _native(u, A, B, C) -> bool:
 
 
 def _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype: bool):
-    """The arguments as the kernels take them (module docs). ``same_bc_dtype``: the kernel reads B
-    and C in u's dtype (the CPU kernel), so mixed dtypes run everything in the compute dtype."""
+    """The arguments as the kernels take them (module docs; csrc/selective/ops.cpp's ``kernel_args``
+    prepares the C++ kernels' the same way). ``same_bc_dtype``: the kernel reads B and C in u's
+    dtype (the CPU kernel), so mixed dtypes run everything in the compute dtype."""
     ct = compute_dtype(u.dtype)
     if same_bc_dtype and (B.dtype != u.dtype or C.dtype != u.dtype):
         u, delta, z = u.to(ct), delta.to(ct), None if z is None else z.to(ct)
@@ -81,30 +85,26 @@ def _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dty
     return u, delta, _to(A, ct), _bc(B), _bc(C), _to(D, ct), z, _to(delta_bias, ct), _to(initial_state, ct)
 
 
-def _run_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state, save_checkpoints: bool):
-    """``(out, last_state, checkpoints)``; ``checkpoints`` is empty unless ``save_checkpoints`` and the
-    CUDA C++ kernel runs (see :func:`checkpoint_numel`)."""
+def _triton_route(op: str, u: torch.Tensor) -> None:
+    """What reaches the Python implementation with valid arguments: CUDA calls for the Triton kernels.
+    Anything else means the C++ argument test and :mod:`.checks` disagree (tests/test_selective_scan.py
+    checks they do not)."""
+    if u.device.type != "cuda":
+        raise RuntimeError(f"{op}: internal error: the C++ host path passed valid {u.device.type} arguments "
+                           "to the Python implementation; please report it with the arguments' shapes and dtypes")
+
+
+def _python_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state, save_checkpoints):
+    """``linrec::_selective_scan_python``: the checks (raise ValueError), then the Triton forward.
+    Returns ``(out, last_state, checkpoints)``, checkpoints empty (the Triton backward recomputes)."""
     check_selective_scan_args(_OP, u, delta, A, B, C, D, z, delta_bias, initial_state)
-    cpu = u.device.type == "cpu"
-    args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
-    if _native(u, A, B, C):
-        out, last, ckpt = torch.ops.linrec._selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8],
-                                                               save_checkpoints=save_checkpoints)
-    else:
-        ops = _triton_ops()
-        if A.shape[1] > ops.MAX_STATE:
-            raise ValueError(f"{_OP}: the CUDA kernels take N <= {ops.MAX_STATE} states, got A of shape {list(A.shape)}")
-        out, last = ops.selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8])
-        ckpt = last.new_empty(0, dtype=torch.float32)
-    return _cast(out, u.dtype), last, ckpt
-
-
-def _forward(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None):
-    return _run_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state, False)[:2]
-
-
-def _forward_train(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None):
-    return _run_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state, True)
+    _triton_route(_OP, u)
+    ops = _triton_ops()
+    if A.shape[1] > ops.MAX_STATE:
+        raise ValueError(f"{_OP}: the CUDA kernels take N <= {ops.MAX_STATE} states, got A of shape {list(A.shape)}")
+    args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=False)
+    out, last = ops.selective_scan_fwd(*args[:7], args[7], delta_softplus, args[8])
+    return _cast(out, u.dtype), last, last.new_empty(0, dtype=torch.float32)
 
 
 def checkpoint_numel(u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor):
@@ -120,36 +120,16 @@ def checkpoint_numel(u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch
     return u.shape[0] * u.shape[1] * ((u.shape[2] + chunk - 1) // chunk) * n_pad
 
 
-def _alert_not_deterministic(device: torch.device) -> None:
-    """As ATen's nondeterministic ops do: under ``torch.use_deterministic_algorithms(True)`` raise
-    (warn with ``warn_only=True``), because the CUDA backward sums dA, dB, dC, dD and d(delta_bias)
-    over thread blocks with atomic adds (a timing-dependent order of float32 additions)."""
-    if device.type != "cuda" or not torch.are_deterministic_algorithms_enabled():
-        return
-    message = (f"{_BWD} on CUDA does not have a deterministic implementation (dA, dB, dC, dD and "
-               "ddelta_bias are summed over thread blocks with atomic adds), but you set "
-               "torch.use_deterministic_algorithms(True); the CPU kernels are deterministic")
-    if torch.is_deterministic_algorithms_warn_only_enabled():
-        warnings.warn(message, stacklevel=3)
-    else:
-        raise RuntimeError(message)
-
-
-def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state,
-              checkpoints=None):
+def _python_backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                      initial_state, checkpoints=None):
+    """``linrec::_selective_scan_backward_python``: the checks (raise ValueError), then the Triton
+    backward, its gradients in their inputs' dtypes (empty for absent optional inputs)."""
     check_selective_scan_backward_args(_BWD, grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias,
                                        initial_state)
-    _alert_not_deterministic(u.device)
-    cpu = u.device.type == "cpu"
-    args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=cpu)
-    grad_out = _cast(grad_out, args[0].dtype)
+    _triton_route(_BWD, u)
+    args = _kernel_args(u, delta, A, B, C, D, z, delta_bias, initial_state, same_bc_dtype=False)
     grad_last_state = _to(grad_last_state, compute_dtype(u.dtype))
-    if _native(u, A, B, C):
-        grads = torch.ops.linrec._selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7],
-                                                      delta_softplus, args[8], checkpoints=checkpoints)
-    else:
-        grads = _triton_ops().selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7], delta_softplus,
-                                                 args[8])
+    grads = _triton_ops().selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7], delta_softplus, args[8])
     du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
     empty = u.new_empty(0)
     return (_cast(du, u.dtype), _cast(ddelta, delta.dtype), _cast(dA, A.dtype), _bc_grad(dB, B), _bc_grad(dC, C),
@@ -158,10 +138,17 @@ def _backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_bias, de
             _cast(dh0, initial_state.dtype) if initial_state is not None else empty)
 
 
+def _python_forward_kernel(*args):
+    return _python_forward(*args)  # looked up per call: tests count the calls that reach Python
+
+
+def _python_backward_kernel(*args):
+    return _python_backward(*args)
+
+
 for _device in ("cpu", "cuda"):
-    torch.library.impl("linrec::selective_scan", _device)(_forward)
-    torch.library.impl("linrec::_selective_scan_train", _device)(_forward_train)
-    torch.library.impl("linrec::selective_scan_backward", _device)(_backward)
+    torch.library.impl("linrec::_selective_scan_python", _device)(_python_forward_kernel)
+    torch.library.impl("linrec::_selective_scan_backward_python", _device)(_python_backward_kernel)
 
 
 @torch.library.register_fake("linrec::selective_scan")
@@ -196,44 +183,6 @@ def fake_selective_scan_backward(grad_out, grad_last_state, u, delta, A, B, C, D
             dense(initial_state))
 
 
-def _setup_context(ctx, inputs, output):
-    u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state = inputs
-    checkpoints = output[2] if len(output) > 2 else None  # _selective_scan_train's
-    ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints)
-    ctx.delta_softplus = delta_softplus
-    # Outputs without a gradient arrive as None, not as zeros (the checkpoints never have one: a
-    # materialized zero gradient for them cost their size in memory).
-    ctx.set_materialize_grads(False)
-
-
-def _grad(ctx, grad_out, grad_last, *_grad_checkpoints):
-    u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints = ctx.saved_tensors
-    if grad_out is None:
-        grad_out = torch.zeros_like(u)
-    grads = torch.ops.linrec.selective_scan_backward(grad_out, grad_last, u, delta, A, B, C, D, z, delta_bias,
-                                                     ctx.delta_softplus, initial_state, checkpoints)
-    du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
-    return (du, ddelta, dA, dB, dC, dD if D is not None else None, dz if z is not None else None,
-            dbias if delta_bias is not None else None, None, dh0 if initial_state is not None else None)
-
-
-# The training form differs only in saving the forward kernel's checkpoints (its third output).
-for _op in ("linrec::selective_scan", "linrec::_selective_scan_train"):
-    torch.library.register_autograd(_op, _grad, setup_context=_setup_context)
-
-
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError("linrec.selective_scan: second-order gradients (double backward) are not supported; "
-                       "the backward is a fused kernel without a derivative")
-
-
-def _setup_backward(ctx, inputs, output):
-    pass
-
-
-torch.library.register_autograd("linrec::selective_scan_backward", _no_double_backward,
-                                setup_context=_setup_backward)
-
 _library.document_op("selective_scan", """linrec::selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None) -> (out, last_state)
 
 Mamba's selective SSM, fused: dt = softplus(delta + delta_bias) (when delta_softplus),
@@ -256,4 +205,11 @@ needed): the same out and last_state, and the float32 states the CUDA kernel sav
 boundaries for the backward (flat; empty where the Triton or CPU kernels run). Same gradients.""")
 for _name in ("_selective_scan_fwd", "_selective_scan_bwd"):
     _library.document_op(_name, "Internal: the CPU and CUDA C++ kernels behind linrec::selective_scan "
-                                "(csrc/selective), called after the Python checks; use torch.ops.linrec.selective_scan.")
+                                "(csrc/selective), called after its argument test (csrc/selective/ops.cpp); use "
+                                "torch.ops.linrec.selective_scan.")
+for _name in ("_selective_scan_python", "_selective_scan_backward_python"):
+    _library.document_op(_name, "Internal: the Python implementation behind linrec::selective_scan and its backward "
+                                "(argument checks, Triton kernels), for the calls its C++ host path does not take; "
+                                "use torch.ops.linrec.selective_scan.")
+
+register_functorch()
