@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,11 +147,20 @@ def run_case(case: Case, name: str, fn, device, timer, add_bw: float) -> dict:
         fwd_bwd()
         ms_fb = timer(fwd_bwd)
         _, peak_fb = measure_peak(fwd_bwd, device)
+        # Host and device apart: eager forward+backward measures whichever is slower, and at the
+        # Mamba-370m shape the two are close (bench/NOTES.md items 34, 35).
+        row["host_ms_fwd_bwd"] = round(timer.host_ms(fwd_bwd), 4)
+        status = "ok"
+        try:
+            graph = timer.graph_ms(fwd_bwd)
+            row["graph_ms_fwd_bwd"] = None if math.isnan(graph) else round(graph, 4)
+        except Exception as exc:  # noqa: BLE001 -- not capturable: the eager numbers stand, the status says why
+            status = f"ok (no CUDA graph: {type(exc).__name__}: {str(exc)[:80]})"
         row.update(ms_fwd=round(ms_f, 4), ms_fwd_bwd=round(ms_fb, 4),
                    peak_fwd_gib=round(peak_f / 2**30, 3) if peak_f is not None else None,
                    peak_fwd_bwd_gib=round(peak_fb / 2**30, 3) if peak_fb is not None else None,
                    ratio_fwd=_sig3(_min_bytes(case, False) / add_bw / (ms_f * 1e-3)),
-                   ratio_fwd_bwd=_sig3(_min_bytes(case, True) / add_bw / (ms_fb * 1e-3)), status="ok")
+                   ratio_fwd_bwd=_sig3(_min_bytes(case, True) / add_bw / (ms_fb * 1e-3)), status=status)
     except torch.OutOfMemoryError:
         row["status"] = "out of memory"
     except Exception as exc:  # reported in the row; the other implementations still run
@@ -161,8 +171,11 @@ def run_case(case: Case, name: str, fn, device, timer, add_bw: float) -> dict:
     return row
 
 
+# host_ms_fwd_bwd: the host's time per eager forward+backward call (Timer.host_ms); graph_ms_fwd_bwd:
+# the device's time of it (Timer.graph_ms, CUDA graph replay; empty off CUDA). Appended last, so that
+# readers of older CSV files by position still work.
 COLUMNS = ["case", "impl", "shape", "dtype", "layout", "ms_fwd", "ms_fwd_bwd", "peak_fwd_gib", "peak_fwd_bwd_gib",
-           "ratio_fwd", "ratio_fwd_bwd", "rewrites", "status", "size"]
+           "ratio_fwd", "ratio_fwd_bwd", "rewrites", "status", "size", "host_ms_fwd_bwd", "graph_ms_fwd_bwd"]
 
 
 def run_section(cases: list[Case], size: str, device: torch.device, timer, impls: dict | None = None,
@@ -206,10 +219,12 @@ def format_table(rows: list[dict]) -> str:
         return "-" if v is None or v == "" else str(v)
 
     header = ("implementation", "case", "shape", "dtype", "layout", "ms fwd", "ms fwd+bwd", "peak GiB fwd",
-              "peak GiB fwd+bwd", "ratio fwd", "ratio fwd+bwd", "rewrites", "status")
+              "peak GiB fwd+bwd", "ratio fwd", "ratio fwd+bwd", "rewrites", "host ms fwd+bwd", "graph ms fwd+bwd",
+              "status")
     body = [(r["impl"], r["case"] if r.get("size", "full") == "full" else f"{r['case']} ({r['size']})", r["shape"],
-             r["dtype"], r["layout"], *(cell(r.get(k)) for k in COLUMNS[5:12]), r["status"]) for r in rows]
-    return align_table(header, body, left={0, 1, 2, 3, 4, 12}, groups=[r["case"] for r in rows])
+             r["dtype"], r["layout"], *(cell(r.get(k)) for k in COLUMNS[5:12]),
+             *(cell(r.get(k)) for k in COLUMNS[14:16]), r["status"]) for r in rows]
+    return align_table(header, body, left={0, 1, 2, 3, 4, 14}, groups=[r["case"] for r in rows])
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:
