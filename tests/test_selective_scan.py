@@ -467,8 +467,8 @@ def test_double_backward_raises():
 
 @pytest.mark.parametrize("op", ["selective_scan", "_selective_scan_train"])
 def test_torch_func_reverse_mode(op):
-    """torch.func.grad and vjp (their own route: functorch refuses the ops' C++ autograd) match the
-    float64 reference's gradients for every input; differentiating the gradient again raises."""
+    """torch.func.grad, vjp, jacrev and vmap (their own route: functorch refuses the ops' C++
+    autograd) match the float64 reference for every input; differentiating the gradient again raises."""
     args = make("var-all", length=11)
     names = (0, 1, 2, 3, 4, 5, 6, 7, 9)  # every tensor input
     fn = getattr(torch.ops.linrec, op)
@@ -492,6 +492,15 @@ def test_torch_func_reverse_mode(op):
     with pytest.raises(RuntimeError, match="double backward"):
         torch.func.grad(lambda u: torch.func.grad(lambda v: fn(v, *args[1:8], args[8], args[9])[0].sum())(u).sum())(
             args[0])
+    # jacrev (vmap over the vjp) and vmap over a stack of inputs, one sample per call
+    small = make("var-all", batch=1, dim=2, length=5, nstate=2)
+    jac = torch.func.jacrev(lambda u: fn(u, *small[1:8], small[8], small[9])[0])(small[0])
+    jac_ref = torch.func.jacrev(lambda u: selective_scan_ref(u, *small[1:8], small[8], small[9])[0])(small[0])
+    torch.testing.assert_close(jac, jac_ref, rtol=1e-9, atol=1e-9)
+    us = torch.stack([small[0], small[0].flip(-1), 2 * small[0]])
+    got = torch.func.vmap(lambda u: fn(u, *small[1:8], small[8], small[9])[0])(us)
+    want = torch.stack([selective_scan_ref(u, *small[1:8], small[8], small[9])[0] for u in us])
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
 
 
 def test_selective_scan_fn_drop_in_and_state_update():

@@ -190,7 +190,8 @@ Grads selective_scan_backward(const Tensor& grad_out, const OptTensor& grad_last
   const std::vector<Tensor> g =
       kernel_bwd().call(cast(grad_out, k.u.scalar_type()), dense(grad_last, ct), k.u, k.delta, k.A, k.B, k.C, k.D,
                         k.z, k.delta_bias, softplus, k.initial, 0, checkpoints);
-  const Tensor empty = at::empty({0}, u.options());
+  // A fresh empty tensor per absent input: outputs must not alias each other.
+  auto empty = [&u] { return at::empty({0}, u.options()); };
   auto bc_grad = [](const Tensor& grad, const Tensor& input) {
     return cast(input.dim() == 3 ? grad.squeeze(1) : grad, input.scalar_type());
   };
@@ -199,10 +200,10 @@ Grads selective_scan_backward(const Tensor& grad_out, const OptTensor& grad_last
           cast(g[2], A.scalar_type()),
           bc_grad(g[3], B),
           bc_grad(g[4], C),
-          D ? cast(g[5], D->scalar_type()) : empty,
-          z ? cast(g[6], z->scalar_type()) : empty,
-          delta_bias ? cast(g[7], delta_bias->scalar_type()) : empty,
-          initial ? cast(g[8], initial->scalar_type()) : empty};
+          D ? cast(g[5], D->scalar_type()) : empty(),
+          z ? cast(g[6], z->scalar_type()) : empty(),
+          delta_bias ? cast(g[7], delta_bias->scalar_type()) : empty(),
+          initial ? cast(g[8], initial->scalar_type()) : empty()};
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-"""``torch.func`` reverse mode (``grad``, ``vjp``, ``jacrev``) for ``linrec::selective_scan`` and
-``linrec::_selective_scan_train``.
+"""``torch.func`` for ``linrec::selective_scan`` and ``linrec::_selective_scan_train``: reverse mode
+(``grad``, ``vjp``) and ``vmap`` (so ``jacrev`` too).
 
 Why a route of its own: the ops' autograd is a C++ ``torch::autograd::Function``
 (csrc/selective/autograd.cpp), which functorch refuses ("cannot use C++ torch::autograd::Function
@@ -9,7 +9,8 @@ for the scan (torch_linrec/linrec/functorch.py), a Python kernel on the
 transform is active, runs :class:`SelectiveScanFunction` there; plain eager calls,
 ``torch.compile`` and ``torch.export`` never reach it. The gradient is the same fused backward op
 (``linrec::selective_scan_backward``); it has no derivative, so differentiating it again raises,
-and there is no forward mode (``jvp``) or ``vmap`` rule (both raise).
+and there is no forward mode (``jvp``: raises). ``vmap`` runs the op once per sample and stacks the
+results (the vmapped dim may be on any argument, A included, so it cannot always fold into B).
 """
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ _FRONT_MODE = "FuncTorchDynamicLayerFrontMode"
 _libs: list = []  # keeps the registrations alive
 _NO_SECOND_ORDER = ("linrec.selective_scan: second-order gradients (double backward) are not supported; "
                     "the backward is a fused kernel without a derivative")
+
+
+def _per_sample(info, in_dims, fn, args) -> tuple:
+    """A vmap rule: ``fn`` on each sample of the vmapped arguments (the others as they are), each
+    output stacked along a new leading dim. Returns ``(outputs, out_dims)``."""
+    results = [fn(*(a if d is None else a.select(d, i) for a, d in zip(args, in_dims)))
+               for i in range(info.batch_size)]
+    outputs = tuple(torch.stack(outs) for outs in zip(*results))
+    return outputs, (0,) * len(outputs)
 
 
 class SelectiveScanFunction(torch.autograd.Function):
@@ -41,6 +51,10 @@ class SelectiveScanFunction(torch.autograd.Function):
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints)
         ctx.delta_softplus = delta_softplus
         ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def vmap(info, in_dims, op, *args):
+        return _per_sample(info, in_dims[1:], op, args)
 
     @staticmethod
     def backward(ctx, grad_out, grad_last, *_grad_checkpoints):
@@ -69,6 +83,10 @@ class _SelectiveBackwardFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         pass
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _per_sample(info, in_dims, torch.ops.linrec.selective_scan_backward, args)
 
     @staticmethod
     def backward(ctx, *grads):

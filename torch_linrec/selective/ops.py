@@ -131,11 +131,11 @@ def _python_backward(grad_out, grad_last_state, u, delta, A, B, C, D, z, delta_b
     grad_last_state = _to(grad_last_state, compute_dtype(u.dtype))
     grads = _triton_ops().selective_scan_bwd(grad_out, grad_last_state, *args[:7], args[7], delta_softplus, args[8])
     du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = grads
-    empty = u.new_empty(0)
+
+    def grad_of(t, g):  # a fresh empty tensor per absent input: outputs must not alias each other
+        return u.new_empty(0) if t is None else _cast(g, t.dtype)
     return (_cast(du, u.dtype), _cast(ddelta, delta.dtype), _cast(dA, A.dtype), _bc_grad(dB, B), _bc_grad(dC, C),
-            _cast(dD, D.dtype) if D is not None else empty, _cast(dz, z.dtype) if z is not None else empty,
-            _cast(dbias, delta_bias.dtype) if delta_bias is not None else empty,
-            _cast(dh0, initial_state.dtype) if initial_state is not None else empty)
+            grad_of(D, dD), grad_of(z, dz), grad_of(delta_bias, dbias), grad_of(initial_state, dh0))
 
 
 def _python_forward_kernel(*args):
