@@ -3,7 +3,8 @@
 // u, delta, z, out and their gradients are (batch, dim, len) with any int64 strides. B and C come
 // transposed and padded by the host: (batch, groups, len, nstate_pad) float32 contiguous, so the
 // states a thread owns at one step are adjacent (vector loads, the same address for every channel
-// of a group). A2 = A * log2(e), zero-padded to (dim, nstate_pad): padded states keep h = 0.
+// of a group; launch_step_major in launch.h makes them). The kernels read A (dim, nstate) and take
+// A log2(e) for their exp2, zero for padded states (which keep h = 0).
 #pragma once
 #include <cstdint>
 
@@ -21,7 +22,7 @@ struct SelectiveParams {
   Strided3 u, delta, z, out;       // z.p null: no gating
   const float* B = nullptr;        // (batch, groups_b, len, nstate_pad)
   const float* C = nullptr;        // (batch, groups_c, len, nstate_pad)
-  const float* A2 = nullptr;       // (dim, nstate_pad)
+  const float* A = nullptr;        // (dim, nstate) contiguous
   const float* D = nullptr;        // (dim) or null
   const float* delta_bias = nullptr;
   const float* h0 = nullptr;       // (batch, dim, nstate) contiguous, or null
@@ -31,7 +32,7 @@ struct SelectiveParams {
   // Backward only.
   Strided3 dout, du, ddelta, dz;   // dz.p null when z is
   const float* dlast = nullptr;    // (batch, dim, nstate) contiguous, or null
-  float* dA = nullptr;             // (dim, nstate_pad), accumulated with atomics (zeroed by the host)
+  float* dA = nullptr;             // (dim, nstate) contiguous, accumulated with atomics (zeroed by the host)
   float* dB = nullptr;             // like B, accumulated with atomics (zeroed by the host)
   float* dC = nullptr;             // like C
   float* dD = nullptr;             // (dim) or null, accumulated

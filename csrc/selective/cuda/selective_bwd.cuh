@@ -135,9 +135,9 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
   }
   const int64_t len = p.len;
   float A2[SPT], g[SPT], a_next[SPT], dA[SPT];
+  load_a2<SPT>(p, c.d, n0, A2);
 #pragma unroll
   for (int n = 0; n < SPT; ++n) {
-    A2[n] = p.A2[c.d * NP + n0 + n];
     g[n] = p.dlast && n0 + n < p.nstate ? p.dlast[c.row * p.nstate + n0 + n] : 0.f;
     a_next[n] = 1.f;
     dA[n] = 0.f;
@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, BackwardSmem<T, SPT, TPC>::kBlocks)
   for (int n = 0; n < SPT; ++n) {
     if (n0 + n >= p.nstate) continue;
     if (p.dh0) p.dh0[c.row * p.nstate + n0 + n] = a_next[n] * g[n];
-    atomicAdd(&p.dA[c.d * NP + n0 + n], dA[n]);
+    atomicAdd(&p.dA[c.d * p.nstate + n0 + n], dA[n]);
   }
   if (n0 == 0) {
     if (p.dD) atomicAdd(&p.dD[c.d], dD);

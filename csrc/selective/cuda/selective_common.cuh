@@ -33,6 +33,14 @@ namespace selective {
 
 constexpr int kThreads = 128;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// A[d, n0 + n] log2(e) for the exp2 of the kernels, 0 for padded states (n0 + n >= nstate).
+template <int SPT>
+__device__ __forceinline__ void load_a2(const SelectiveParams& p, int64_t d, int n0, float (&A2)[SPT]) {
+#pragma unroll
+  for (int n = 0; n < SPT; ++n) A2[n] = n0 + n < p.nstate ? p.A[d * p.nstate + n0 + n] * kLog2e : 0.f;
+}
 
 // log(1 + e^x) to float32 accuracy with fast exp/log: the series below e^x < 2^-6. Branch-free
 // (both forms computed, then selected): it runs once per (channel, step) in the tile loaders, where

@@ -46,9 +46,9 @@ __global__ void __launch_bounds__(kThreads, forward_blocks<T, SPT, TPC>())
   const int off = reduce_scatter_offset<V, TPC / 2, 1>(threadIdx.x % 32);  // see the group loop
   const int64_t len = p.len;
   float A2[SPT], h[SPT];
+  load_a2<SPT>(p, c.d, n0, A2);
 #pragma unroll
   for (int n = 0; n < SPT; ++n) {
-    A2[n] = p.A2[c.d * NP + n0 + n];
     h[n] = p.h0 && n0 + n < p.nstate ? p.h0[c.row * p.nstate + n0 + n] : 0.f;
   }
   float* sbias = smem + L::kBias;

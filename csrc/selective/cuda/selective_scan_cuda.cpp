@@ -1,9 +1,10 @@
 // CUDA implementation of the internal ops linrec::_selective_scan_fwd and _selective_scan_bwd,
 // called by linrec::selective_scan's CUDA implementation (torch_linrec/selective/ops.py) after
 // its argument checks, for input-dependent B and C ((batch, G, N, L), u's dtype or float32) and
-// N <= 256, with A, D, delta_bias and initial_state float32. Prepares what the kernels read (B, C
-// transposed to (batch, G, L, N_pad) float32; A2 = A log2(e) padded), picks the launch shape and
-// reduces the padded gradients back to the inputs' shapes.
+// N <= 256, with A, D, delta_bias and initial_state float32 (A contiguous). Prepares what the
+// kernels read (B, C transposed to (batch, G, L, N_pad) float32, one launch that also zeroes the
+// backward's accumulators), picks the launch shape and turns dB and dC back into B's and C's
+// layout and dtypes (one launch).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -35,13 +36,17 @@ int64_t pad_states(int64_t n) {
 
 Strided3 strided(const Tensor& t) { return Strided3{t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
 
-// (batch, G, N, L) -> (batch, G, L, N_pad) float32 contiguous, padded states zero.
-Tensor step_major(const Tensor& t, int64_t np) {
-  const auto opts = t.options().dtype(at::kFloat);
-  const std::vector<int64_t> shape{t.size(0), t.size(1), t.size(3), np};
-  Tensor out = t.size(2) == np ? at::empty(shape, opts) : at::zeros(shape, opts);
-  out.narrow(3, 0, t.size(2)).copy_(t.transpose(2, 3));
-  return out;
+SelectiveDType dtype_of(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return SelectiveDType::kFloat16;
+    case at::kBFloat16: return SelectiveDType::kBFloat16;
+    default: return SelectiveDType::kFloat32;
+  }
+}
+
+// A (batch, G, N, L) tensor as the layout kernels take it.
+StateRows state_rows(const Tensor& t) {
+  return StateRows{t.data_ptr(), dtype_of(t), t.size(1), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
 }
 
 bool aligned16(const Tensor& t, int64_t stride) {
@@ -72,11 +77,12 @@ int tile_loads(std::initializer_list<const Tensor*> ts) {
 }
 
 // Forward: 4 states per thread (H100: 0.34 ms vs 0.40 at 8 and 0.59 at 16 on the Mamba-370m
-// shape, bench/NOTES.md); at least N_pad / 16 (16 threads per channel at most: a group of 16 steps
-// is reduce-scattered over a channel's threads). `requested` (4, 8 or 16) overrides the default.
+// shape; N_pad = 128: 0.413 vs 0.473 at 8, bench/NOTES.md items 19 and 34); at least N_pad / 32
+// (a channel's threads are lanes of one warp), and 16 at N_pad = 256 (its tiles of 16 steps are
+// reduce-scattered over at most 16 threads). `requested` (4, 8 or 16) overrides the default.
 int forward_states_per_thread(int64_t np, int64_t requested) {
   const int64_t spt = requested == 4 || requested == 8 || requested == 16 ? requested : 4;
-  return static_cast<int>(std::max<int64_t>(spt, np / 16));
+  return static_cast<int>(std::max<int64_t>(spt, np == kMaxStates ? 16 : np / 32));
 }
 
 // Backward: 4 states per thread (16 steps of them live in registers), 8 at N_pad = 256 (a channel
@@ -105,16 +111,24 @@ void check_launch(cudaError_t err) {
 // What both directions read, and the tensors that back it (kept alive by the caller).
 struct Prepared {
   SelectiveParams p;
-  Tensor B, C, A2;
+  Tensor B, C;
+};
+
+// The backward's accumulators, zeroed by the launch that transposes B and C: dB and dC shaped like
+// the step-major B and C, and dA, dD, ddelta_bias (any of them undefined when not computed).
+struct Accumulators {
+  Tensor dB, dC, dA, dD, dbias;
 };
 
 Prepared prepare(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
                  const OptTensor& D, const OptTensor& z, const OptTensor& delta_bias, bool softplus,
-                 const OptTensor& initial) {
+                 const OptTensor& initial, Accumulators* acc = nullptr) {
   TORCH_CHECK_VALUE(B.dim() == 4 && C.dim() == 4, "linrec.selective_scan: the CUDA kernel takes B and C as "
                     "(B, G, N, L), got ", shape(B.sizes()), " and ", shape(C.sizes()));
   TORCH_CHECK_VALUE(delta.scalar_type() == u.scalar_type() && (!z || z->scalar_type() == u.scalar_type()),
                     "linrec.selective_scan: the CUDA kernel takes delta and z in u's dtype ", dt(u.scalar_type()));
+  TORCH_CHECK_VALUE(A.scalar_type() == at::kFloat && A.is_contiguous(),
+                    "linrec.selective_scan: the CUDA kernel takes A as a contiguous float32 tensor");
   const int64_t n = A.size(1);
   TORCH_CHECK_VALUE(n <= kMaxStates, "linrec.selective_scan: the CUDA kernel takes N <= ", num(kMaxStates),
                     " states, got A of shape ", shape(A.sizes()));
@@ -129,13 +143,28 @@ Prepared prepare(const Tensor& u, const Tensor& delta, const Tensor& A, const Te
   p.groups_c = C.size(1);
   p.softplus = softplus;
   p.chunk = selective_tile_steps(p.nstate_pad);
-  r.B = step_major(B, p.nstate_pad);
-  r.C = step_major(C, p.nstate_pad);
-  r.A2 = at::zeros({p.dim, p.nstate_pad}, A.options().dtype(at::kFloat));
-  r.A2.narrow(1, 0, n).copy_(A * static_cast<float>(1.0 / std::log(2.0)));
+  const auto f32 = A.options().dtype(at::kFloat);
+  r.B = at::empty({p.batch, p.groups_b, p.len, p.nstate_pad}, f32);
+  r.C = at::empty({p.batch, p.groups_c, p.len, p.nstate_pad}, f32);
+  StepMajorArgs sm;
+  sm.B = state_rows(B);
+  sm.C = state_rows(C);
+  sm.B_rows = r.B.data_ptr<float>();
+  sm.C_rows = r.C.data_ptr<float>();
+  sm.batch = p.batch, sm.len = p.len, sm.nstate = n, sm.nstate_pad = p.nstate_pad;
+  if (acc) {
+    acc->dB = at::empty_like(r.B);
+    acc->dC = at::empty_like(r.C);
+    sm.dB_zero = acc->dB.data_ptr<float>();
+    sm.dC_zero = acc->dC.data_ptr<float>();
+    int f = 0;
+    for (Tensor* t : {&acc->dA, &acc->dD, &acc->dbias})
+      if (t->defined()) sm.fill[f] = t->data_ptr<float>(), sm.fill_numel[f++] = t->numel();
+  }
+  check_launch(launch_step_major(sm, at::cuda::getCurrentCUDAStream()));
   p.B = r.B.data_ptr<float>();
   p.C = r.C.data_ptr<float>();
-  p.A2 = r.A2.data_ptr<float>();
+  p.A = A.data_ptr<float>();
   p.u = strided(u);
   p.delta = strided(delta);
   if (z) p.z = strided(*z);
@@ -182,9 +211,13 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
   const c10::cuda::CUDAGuard guard(u.device());
   TORCH_CHECK_VALUE(grad_out.scalar_type() == u.scalar_type(), "linrec.selective_scan_backward: the CUDA kernel "
                     "takes grad_out in u's dtype ", dt(u.scalar_type()), ", got ", dt(grad_out.scalar_type()));
-  Prepared r = prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial);
-  SelectiveParams& p = r.p;
   const auto f32 = A.options().dtype(at::kFloat);
+  Accumulators acc;
+  acc.dA = at::empty(A.sizes(), f32);
+  if (D) acc.dD = at::empty({u.size(1)}, f32);
+  if (delta_bias) acc.dbias = at::empty({u.size(1)}, f32);
+  Prepared r = prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, &acc);
+  SelectiveParams& p = r.p;
   // Checkpoints: the forward kernel's states after each chunk but the last, saved by the training
   // forward or recomputed here by the states-only kernel (none to compute for a single chunk).
   const int64_t numel = nchunks(p) > 1 ? checkpoint_numel(p) : 0;
@@ -207,19 +240,16 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
 
   Tensor du = at::empty_like(u), ddelta = at::empty_like(delta);
   Tensor dz = z ? at::empty_like(*z) : at::empty({0}, u.options());
-  Tensor dA = at::zeros({p.dim, p.nstate_pad}, f32);
-  Tensor dB = at::zeros_like(r.B), dC = at::zeros_like(r.C);
-  Tensor dD = D ? at::zeros({p.dim}, f32) : at::empty({0}, f32);
-  Tensor dbias = delta_bias ? at::zeros({p.dim}, f32) : at::empty({0}, f32);
+  const Tensor dD = D ? acc.dD : at::empty({0}, f32), dbias = delta_bias ? acc.dbias : at::empty({0}, f32);
   Tensor dh0 = at::empty({p.batch, p.dim, p.nstate}, f32);
   p.dout = strided(grad_out);
   p.du = strided(du);
   p.ddelta = strided(ddelta);
   if (z) p.dz = strided(dz);
   p.dlast = grad_last ? grad_last->data_ptr<float>() : nullptr;
-  p.dA = dA.data_ptr<float>();
-  p.dB = dB.data_ptr<float>();
-  p.dC = dC.data_ptr<float>();
+  p.dA = acc.dA.data_ptr<float>();
+  p.dB = acc.dB.data_ptr<float>();
+  p.dC = acc.dC.data_ptr<float>();
   p.dD = D ? dD.data_ptr<float>() : nullptr;
   p.ddelta_bias = delta_bias ? dbias.data_ptr<float>() : nullptr;
   p.dh0 = dh0.data_ptr<float>();
@@ -227,9 +257,16 @@ std::vector<Tensor> selective_scan_bwd_cuda(const Tensor& grad_out, const OptTen
   bl.states_per_thread = backward_states_per_thread(p.nstate_pad);
   bl.loads = tile_loads({&u, &delta, &grad_out, z ? &*z : nullptr});
   check_launch(launch(u.scalar_type(), p, bl, true));
-  const int64_t n = p.nstate;
-  auto states_last = [n](const Tensor& t) { return t.narrow(3, 0, n).transpose(2, 3).contiguous(); };
-  return {du, ddelta, dA.narrow(1, 0, n).contiguous(), states_last(dB), states_last(dC), dD, dz, dbias, dh0};
+  // dB and dC in B's and C's dtypes (what autograd hands back), from the step-major accumulators.
+  Tensor dB = at::empty(B.sizes(), B.options()), dC = at::empty(C.sizes(), C.options());
+  StatesLastArgs sl;
+  sl.dB_rows = acc.dB.data_ptr<float>();
+  sl.dC_rows = acc.dC.data_ptr<float>();
+  sl.dB = state_rows(dB);
+  sl.dC = state_rows(dC);
+  sl.batch = p.batch, sl.len = p.len, sl.nstate = p.nstate, sl.nstate_pad = p.nstate_pad;
+  check_launch(launch_states_last(sl, at::cuda::getCurrentCUDAStream()));
+  return {du, ddelta, acc.dA, dB, dC, dD, dz, dbias, dh0};
 }
 
 }  // namespace
