@@ -186,8 +186,10 @@ def test_cuda_kernels(variant, dim, layout, nstate, length, dtype):
         # the backward's own checkpoint pass (no saved checkpoints) gives the same gradients, up to
         # the order of the atomic adds that sum dA, dB, dC, dD and d(delta_bias) over blocks
         again = torch.ops.linrec._selective_scan_bwd(go, gl, *kargs[:8], args[8], kargs[8])
-        for a, b in zip(grads, again):
-            assert _rel_err(a, b) <= 1e-5, (_rel_err(a, b), a.shape)
+        for i, (a, b) in enumerate(zip(grads, again)):
+            # dB and dC (3, 4) come in B's and C's dtype: another order of the adds flips bf16 roundings
+            tol = 1e-3 if i in (3, 4) and a.dtype != torch.float32 else 1e-5
+            assert _rel_err(a, b) <= tol, (i, _rel_err(a, b), a.shape)
         return out, last, _kernel_grads(grads, tensors)
     _check_against_reference(run, args, dtype)
 

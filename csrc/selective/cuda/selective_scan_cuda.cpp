@@ -1,6 +1,5 @@
 // CUDA implementation of the internal ops linrec::_selective_scan_fwd and _selective_scan_bwd,
-// called by linrec::selective_scan's CUDA implementation (torch_linrec/selective/ops.py) after
-// its argument checks, for input-dependent B and C ((batch, G, N, L), u's dtype or float32) and
+// called by linrec::selective_scan's host path (csrc/selective/ops.cpp) after its argument test, for input-dependent B and C ((batch, G, N, L), u's dtype or float32) and
 // N <= 256, with A, D, delta_bias and initial_state float32 (A contiguous). Prepares what the
 // kernels read (B, C transposed to (batch, G, L, N_pad) float32, one launch that also zeroes the
 // backward's accumulators), picks the launch shape and turns dB and dC back into B's and C's
