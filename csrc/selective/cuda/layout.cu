@@ -34,12 +34,12 @@ __device__ __forceinline__ void store_from_float(const StateRows& t, int64_t off
 // A block's tile: steps x * kTile .., row y = (batch, group) of tensor z (B or dB: 0; C or dC: 1),
 // from a one-dimensional grid of tiles x rows x 2 blocks (no grid.y limit on batch x groups).
 struct TileId {
-  int64_t x, y;
+  int x, y;  // int: the grid has at most 2^31 - 1 blocks (the launcher checks), so 32-bit divisions
   bool is_c;
 };
 __device__ __forceinline__ TileId tile_id(int64_t len, int64_t rows) {
-  const int64_t tiles = (len + kTile - 1) / kTile, id = blockIdx.x;
-  return {id % tiles, (id / tiles) % rows, id / (tiles * rows) == 1};
+  const int tiles = static_cast<int>((len + kTile - 1) / kTile), r = static_cast<int>(rows), id = blockIdx.x;
+  return {id % tiles, (id / tiles) % r, id / tiles / r == 1};
 }
 
 // rows[bg, l, n] = t[b, g, n, l] over steps l0 .. l0 + kTile and every padded state (0 for
@@ -47,7 +47,8 @@ __device__ __forceinline__ TileId tile_id(int64_t len, int64_t rows) {
 __device__ __forceinline__ void transpose_in(const StateRows& t, float* rows, float* zero, int64_t bg, int64_t l0,
                                              const StepMajorArgs& a, float (&tile)[kTile][kTile + 1]) {
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int64_t b = bg / t.groups, g = bg % t.groups;
+  const int groups = static_cast<int>(t.groups);  // divides rows, which fits an int
+  const int64_t b = static_cast<int>(bg) / groups, g = static_cast<int>(bg) % groups;
   for (int64_t n0 = 0; n0 < a.nstate_pad; n0 += kTile) {
     for (int k = ty; k < kTile; k += kRowsPerPass) {
       const int64_t n = n0 + k, l = l0 + tx;
@@ -67,8 +68,9 @@ __device__ __forceinline__ void transpose_in(const StateRows& t, float* rows, fl
 }
 
 // B and C to step-major rows (transpose_in per tile), the accumulators zeroed alongside; the grid's
-// threads together zero the `fill` ranges.
-__global__ void __launch_bounds__(kTile * kRowsPerPass) step_major_kernel(StepMajorArgs a) {
+// threads together zero the `fill` ranges. 8 blocks per SM (32 registers, no spills): the Mamba-370m
+// shape's 1024 tiles run in one wave.
+__global__ void __launch_bounds__(kTile * kRowsPerPass, 8) step_major_kernel(StepMajorArgs a) {
   __shared__ float tile[kTile][kTile + 1];
   if (a.len > 0 && a.rows > 0) {  // else a single block that runs only the fills
     const TileId id = tile_id(a.len, a.rows);
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass) step_major_kernel(StepMa
 
 // dB and dC from the backward's step-major accumulators: t[b, g, n, l] = rows[bg, l, n] for
 // n < nstate, converted to t's dtype, a tile per block.
-__global__ void __launch_bounds__(kTile * kRowsPerPass) states_last_kernel(StatesLastArgs a) {
+__global__ void __launch_bounds__(kTile * kRowsPerPass, 8) states_last_kernel(StatesLastArgs a) {
   __shared__ float tile[kTile][kTile + 1];
   const TileId id = tile_id(a.len, a.rows);
   const StateRows& t = id.is_c ? a.dC : a.dB;
@@ -94,7 +96,8 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass) states_last_kernel(State
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   const int64_t bg = id.y, l0 = id.x * kTile;
   if (bg >= a.batch * t.groups) return;
-  const int64_t b = bg / t.groups, g = bg % t.groups;
+  const int groups = static_cast<int>(t.groups);
+  const int64_t b = static_cast<int>(bg) / groups, g = static_cast<int>(bg) % groups;
   for (int64_t n0 = 0; n0 < a.nstate; n0 += kTile) {
     for (int s = ty; s < kTile; s += kRowsPerPass) {
       const int64_t l = l0 + s, n = n0 + tx;
