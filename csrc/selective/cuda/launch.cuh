@@ -58,7 +58,7 @@ cudaError_t dispatch(const SelectiveParams& p, const SelectiveLaunch& launch, bo
     LINREC_SELECTIVE_CKPT_CASE(4, 4)
     LINREC_SELECTIVE_CKPT_CASE(4, 8)
     LINREC_SELECTIVE_CKPT_CASE(4, 16)
-    LINREC_SELECTIVE_CKPT_CASE(4, 32)
+    LINREC_SELECTIVE_CKPT_CASE(8, 16)
     LINREC_SELECTIVE_CKPT_CASE(16, 16)
   } else {
     LINREC_SELECTIVE_CASE(16, 1)

@@ -76,12 +76,12 @@ int tile_loads(std::initializer_list<const Tensor*> ts) {
 }
 
 // Forward: 4 states per thread (H100: 0.34 ms vs 0.40 at 8 and 0.59 at 16 on the Mamba-370m
-// shape; N_pad = 128: 0.413 vs 0.473 at 8, bench/NOTES.md items 19 and 34); at least N_pad / 32
-// (a channel's threads are lanes of one warp), and 16 at N_pad = 256 (its tiles of 16 steps are
-// reduce-scattered over at most 16 threads). `requested` (4, 8 or 16) overrides the default.
+// shape, bench/NOTES.md); at least N_pad / 16 (16 threads per channel at most: a group of 16 steps
+// is reduce-scattered over a channel's threads; at N_pad = 128, 8 states measured 0.405 ms against
+// 0.422 at 4 with 32 threads per channel, item 35). `requested` (4, 8 or 16) overrides the default.
 int forward_states_per_thread(int64_t np, int64_t requested) {
   const int64_t spt = requested == 4 || requested == 8 || requested == 16 ? requested : 4;
-  return static_cast<int>(std::max<int64_t>(spt, np == kMaxStates ? 16 : np / 32));
+  return static_cast<int>(std::max<int64_t>(spt, np / 16));
 }
 
 // Backward: 4 states per thread (16 steps of them live in registers), 8 at N_pad = 256 (a channel
