@@ -348,20 +348,26 @@ def _checks_message(check, *args):
     return None
 
 
+def _count_python_calls(monkeypatch, name: str) -> list:
+    """Wraps ``torch_linrec.selective.ops.<name>`` (the Python implementation the C++ host path falls
+    back to) so that each call is recorded; returns the list of calls' arguments."""
+    from torch_linrec.selective import ops
+    calls, real = [], getattr(ops, name)
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+    monkeypatch.setattr(ops, name, counted)
+    return calls
+
+
 def test_cpp_argument_test_agrees_with_checks(monkeypatch):
     """The C++ host path (csrc/selective/ops.cpp) runs exactly the calls whose arguments pass every
     Python check: valid forms of every B/C variant run without reaching Python, and every single or
     paired mutation of a shape, dtype or optional argument goes to the Python checks and raises their
     ValueError (a wrong accept would run the kernels on bad arguments, a wrong reject lose speed)."""
-    from torch_linrec.selective import ops
     from torch_linrec.selective.checks import check_selective_scan_args
-    calls = []
-
-    def counted(*args):
-        calls.append(args)
-        return real(*args)
-    real = ops._python_forward
-    monkeypatch.setattr(ops, "_python_forward", counted)
+    calls = _count_python_calls(monkeypatch, "_python_forward")
     accepted = 0
     for combo, a in _mutated_args():
         order = [a[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
@@ -380,15 +386,8 @@ def test_cpp_argument_test_agrees_with_checks(monkeypatch):
 
 def test_cpp_backward_argument_test_agrees_with_checks(monkeypatch):
     """As above for linrec::selective_scan_backward, with grad_out and grad_last_state mutated too."""
-    from torch_linrec.selective import ops
     from torch_linrec.selective.checks import check_selective_scan_backward_args
-    calls = []
-
-    def counted(*args):
-        calls.append(args)
-        return real(*args)
-    real = ops._python_backward
-    monkeypatch.setattr(ops, "_python_backward", counted)
+    calls = _count_python_calls(monkeypatch, "_python_backward")
     u = make("var-all", dtype=torch.float32)[0]
     grad_out, grad_last = torch.randn_like(u), torch.randn(2, 4, 3)
     grads = {"ok": (grad_out, grad_last), "no grad_last": (grad_out, None), "grad_out bf16": (grad_out.bfloat16(), grad_last),
