@@ -13,7 +13,11 @@ namespace selective {
 template <typename T, int SPT, int TPC>
 struct ForwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
-  static constexpr int V = TPC > 8 ? TPC : 8;  // steps per group: the y sums of a group are reduce-scattered
+  // Steps per group (the y sums of a group are reduce-scattered, E = V / TPC steps finished per
+  // lane): 16, or 32 at 16 or more lanes per channel, so that each lane finishes at least 2 steps
+  // and a warp has a long run of independent exp2 and loads between reductions (H100, bf16: 0.295
+  // -> 0.273 ms at N = 16 against 8 steps; fp32 N = 64: 0.685 -> 0.647 ms against 16); at most a tile.
+  static constexpr int kGroup = TPC <= 8 ? 16 : 32, V = kGroup < TS ? kGroup : TS;
   static constexpr int RS = 2 * TS + 4;          // floats per per-step row
   static constexpr int kRawVectors = 3 * StagedWindow<T, CPB, TS>::NV;
   static constexpr int kRows = 4 * TS * NP, kRaw = kRows, kDd = kRaw + 4 * kRawVectors;
@@ -22,14 +26,13 @@ struct ForwardSmem {
   static_assert(TS % V == 0, "a tile holds whole groups");
 };
 
-// Blocks (of 4 warps) per SM, as the register bound of the launch: 5 for 2-byte types at 4 states
-// per thread (96 registers, no spills: more warps to cover the exp2 and shared-memory latencies);
-// else 4 at up to 8 states per thread (the unrolled group's B and C loads would otherwise take ~150
-// registers and 3 blocks per SM), 2 at 16; never more than fit in shared memory (sm_90: 228 KB per
-// SM, 1 KB reserved per block; N_pad = 128 fits 3, and bounding it at 4 spilled 72 bytes).
+// Blocks (of 4 warps) per SM, as the register bound of the launch: 4 at up to 8 states per thread
+// (128 registers: the 16-step group's loads in flight; at 96, for 5 blocks, it spills), 2 at 16;
+// never more than fit in shared memory (sm_90: 228 KB per SM, 1 KB reserved per block; N_pad = 128
+// fits 3, and bounding it at 4 spilled 72 bytes).
 template <typename T, int SPT, int TPC>
 constexpr int forward_blocks() {
-  constexpr int by_registers = SPT >= 16 ? 2 : SPT == 4 && sizeof(T) == 2 ? 5 : 4;
+  constexpr int by_registers = SPT >= 16 ? 2 : 4;
   constexpr int by_smem = 228 * 1024 / (ForwardSmem<T, SPT, TPC>::kFloats * 4 + 1024);
   return by_smem < by_registers ? (by_smem > 0 ? by_smem : 1) : by_registers;
 }
