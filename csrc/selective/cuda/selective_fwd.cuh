@@ -13,10 +13,10 @@ namespace selective {
 template <typename T, int SPT, int TPC>
 struct ForwardSmem {
   static constexpr int NP = SPT * TPC, TS = static_cast<int>(selective_tile_steps(NP)), CPB = kThreads / TPC;
-  // Steps per group (the y sums of a group are reduce-scattered, E = V / TPC steps finished per
-  // lane): 16, or 32 at 16 or more lanes per channel, so that each lane finishes at least 2 steps
-  // and a warp has a long run of independent exp2 and loads between reductions (H100, bf16: 0.295
-  // -> 0.273 ms at N = 16 against 8 steps; fp32 N = 64: 0.685 -> 0.647 ms against 16); at most a tile.
+  // Steps per group (the y sums of a group are reduce-scattered, each lane finishing E = V / TPC of
+  // them): 16, or 32 at 16 or more lanes per channel so that a lane finishes at least 2; at most a
+  // tile. A longer group gives each warp a longer run of independent exp2, FMAs and shared-memory
+  // loads between reductions (bench/NOTES.md item 36: 8-step groups left it latency-bound).
   static constexpr int kGroup = TPC <= 8 ? 16 : 32, V = kGroup < TS ? kGroup : TS;
   static constexpr int RS = 2 * TS + 4;          // floats per per-step row
   static constexpr int kRawVectors = 3 * StagedWindow<T, CPB, TS>::NV;
@@ -27,7 +27,7 @@ struct ForwardSmem {
 };
 
 // Blocks (of 4 warps) per SM, as the register bound of the launch: 4 at up to 8 states per thread
-// (128 registers: the 16-step group's loads in flight; at 96, for 5 blocks, it spills), 2 at 16;
+// (128 registers hold a 16-step group's loads; at 96, for 5 blocks, it spills), 2 at 16;
 // never more than fit in shared memory (sm_90: 228 KB per SM, 1 KB reserved per block; N_pad = 128
 // fits 3, and bounding it at 4 spilled 72 bytes).
 template <typename T, int SPT, int TPC>
