@@ -1,7 +1,8 @@
 """Compile check of the torch-free CUDA kernel sources with nvcc for sm_90a (no GPU needed to compile).
 
 Fails on compile errors, register spills and local-memory stack frames: the kernels keep
-every per-thread array in registers by design (see csrc/linrec/cuda/plan.h).
+every per-thread array in registers by design (see csrc/linrec/cuda/plan.h). One scan kernel has a
+measured spill allowance (_scan_spill_allowed), the selective-scan kernels theirs.
 
 CI (2 cores) compiles two of the six sources, which between them cover both directions and both
 element sizes: scan_float32_fwd.cu and scan_bfloat16_bwd.cu (the 2-byte backward needs the most
@@ -44,16 +45,39 @@ def _compile(src: Path, tmp: Path) -> str:
     return proc.stderr + proc.stdout
 
 
+# Spill allowance, bytes: the 2-byte tile backward with 32 steps per thread is capped at 128 registers
+# on purpose (a third more warps per SM; measured faster on the H100, bench/NOTES.md item 38), which
+# spills a few words outside its step loops (28 bytes at 32 threads per block, 72 at 128). Every other
+# scan kernel: none.
+def _scan_spill_allowed(name: str) -> int:
+    return 80 if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li32ELi\d+ELb1E", name) else 0
+
+
 def _check_no_spills(sources: list, tmp: Path) -> None:
-    """Compiles ``sources`` in parallel; every kernel must have no spills and no stack frame."""
+    """Compiles ``sources`` in parallel; every kernel must keep within its spill allowance (none for all
+    but a few), with a stack frame only where one is allowed."""
     with ThreadPoolExecutor(max_workers=min(len(sources), os.cpu_count() or 2)) as pool:
         logs = list(pool.map(lambda s: _compile(s, tmp), sources))
     for src, log in zip(sources, logs):
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        frames = re.findall(r"(\d+) bytes stack frame", log)
-        assert spills and frames, f"{src.name}: no resource usage in nvcc's output:\n{log}"
-        assert all(s == ("0", "0") for s in spills), f"{src.name} spills registers:\n{log}"
-        assert all(f == "0" for f in frames), f"{src.name} uses a stack frame:\n{log}"
+        usage = re.findall(r"Function properties for (\S+)\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                           r"(\d+) bytes spill loads", log)
+        assert usage, f"{src.name}: no resource usage in nvcc's output:\n{log}"
+        for name, frame, stores, loads in usage:
+            allowed = _scan_spill_allowed(name)
+            assert int(stores) <= allowed and int(loads) <= 2 * allowed, f"{name} spills {stores} bytes:\n{log}"
+            assert int(frame) == 0 or allowed > 0, f"{name} uses a stack frame:\n{log}"
+
+
+def test_scan_spill_allowance_names_its_kernels():
+    """The allowance matches the 2-byte 32-step tile backward only (a test of the rule itself)."""
+    bf16_bwd = "_ZN6linrec16scan_tile_kernelI13__nv_bfloat16Li32ELi32ELb1EEEvNS_10ScanParamsENS_8TileArgsE"
+    assert _scan_spill_allowed(bf16_bwd) == 80
+    assert _scan_spill_allowed(bf16_bwd.replace("13__nv_bfloat16", "6__half")) == 80
+    assert _scan_spill_allowed(bf16_bwd.replace("Li32ELi32E", "Li32ELi128E")) == 80
+    assert _scan_spill_allowed(bf16_bwd.replace("Lb1E", "Lb0E")) == 0
+    assert _scan_spill_allowed(bf16_bwd.replace("13__nv_bfloat16", "f")) == 0
+    assert _scan_spill_allowed(bf16_bwd.replace("Li32ELi32E", "Li16ELi64E")) == 0
+    assert _scan_spill_allowed(bf16_bwd.replace("scan_tile_kernel", "scan_stream_kernel")) == 0
 
 
 def test_sources_found():

@@ -234,11 +234,15 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 
 // One block per sequence (all its tiles, one after the other) or, with look-back
 // (num_chunks > 1), one block per tile, chained to its predecessors across blocks.
-// The 2-byte backward's minimum of one block per SM only steers ptxas' register target:
-// without it the {32,32} backward spilled a few bytes; with it the 4-byte backward took 84
-// registers instead of 58 ({8,128}), and many-short fwd+bwd fell from 1.00 to 0.92 (H100).
+// The 2-byte backward's minimum blocks per SM steer ptxas' register target (the 4-byte backward
+// has none: with one block it took 84 registers instead of 58 for {8,128}, and many-short
+// fwd+bwd fell from 1.00 to 0.92 on the H100). 32 steps per thread: 128 registers, a few spilled
+// words outside the step loops, for a third more warps per SM than at ~154 registers, which is
+// faster ({32,32}: bf16 131072 x 1024 backward 0.519 -> 0.487 ms; {32,128}: 16384 x 8192 0.554 ->
+// 0.529 ms, H100; bench/NOTES.md item 38). Fewer steps: one block (it no longer spills).
 template <typename T, int E, int NT, bool kBackward>
-__global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? 1 : 0) scan_tile_kernel(const ScanParams p, const TileArgs args) {
+__global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 512 / NT : 1) : 0)
+    scan_tile_kernel(const ScanParams p, const TileArgs args) {
   constexpr int kTile = E * NT;
   __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
   __shared__ int64_t s_vid;
