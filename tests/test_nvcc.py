@@ -1,8 +1,9 @@
 """Compile check of the torch-free CUDA kernel sources with nvcc for sm_90a (no GPU needed to compile).
 
 Fails on compile errors, register spills and local-memory stack frames: the kernels keep
-every per-thread array in registers by design (see csrc/linrec/cuda/plan.h). One scan kernel has a
-measured spill allowance (_scan_spill_allowed), the selective-scan kernels theirs.
+every per-thread array in registers by design (see csrc/linrec/cuda/plan.h). The 2-byte tile backward
+of 32 steps per thread has a measured spill allowance (_scan_spill_allowed), the selective-scan
+kernels theirs.
 
 CI (2 cores) compiles two of the six sources, which between them cover both directions and both
 element sizes: scan_float32_fwd.cu and scan_bfloat16_bwd.cu (the 2-byte backward needs the most
