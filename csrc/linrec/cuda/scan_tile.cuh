@@ -238,8 +238,7 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // has none: with one block it took 84 registers instead of 58 for {8,128}, and many-short
 // fwd+bwd fell from 1.00 to 0.92 on the H100). 32 steps per thread: 128 registers, a few spilled
 // words outside the step loops, for a third more warps per SM than at ~154 registers, which is
-// faster ({32,32}: bf16 131072 x 1024 backward 0.519 -> 0.487 ms; {32,128}: 16384 x 8192 0.554 ->
-// 0.529 ms, H100; bench/NOTES.md item 38). 16 steps per thread: the minimum of one block.
+// faster (bench/NOTES.md item 38). 16 steps per thread: the minimum of one block.
 template <typename T, int E, int NT, bool kBackward>
 __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 512 / NT : 1) : 0)
     scan_tile_kernel(const ScanParams p, const TileArgs args) {
