@@ -25,7 +25,7 @@ PyObject* scan_cuda_configs(PyObject*, PyObject* arg) {
   using linrec::ScanKind;
   PyObject* out = PyList_New(0);
   if (!out) return nullptr;
-  for (ScanKind kind : {ScanKind::kTile, ScanKind::kStream, ScanKind::kChannel})
+  for (ScanKind kind : linrec::kAllKinds)
     for (int i = 0; i < linrec::num_configs(kind); ++i) {
       PyObject* name = PyUnicode_FromString(linrec::config_name(kind, static_cast<int>(elem_size), i));
       if (!name || PyList_Append(out, name) != 0) {

@@ -27,7 +27,7 @@ REVERSE = [pytest.param(False, id="fwd"), pytest.param(True, id="rev")]
 
 
 def _names(kind: str, elem_size: int) -> list[str]:
-    """The config names of one template ("tile", "stream", "channel") in table order."""
+    """The config names of one template ("tile", "stream", "ring", "channel") in table order."""
     return [n for n in scan_cuda_configs(elem_size) if n.startswith(kind + ".")]
 
 
@@ -185,7 +185,7 @@ def test_every_config_on_layouts(case, reverse, dtype):
     for n, got in applied.items():
         if n.startswith("tile."):
             expect = (not channel_layout,) * 2
-        elif n.startswith("stream."):
+        elif n.startswith(("stream.", "ring.")):  # the same staged inputs, walked one way
             expect = stream(reverse) if _stream_capable() else (False, False)
         elif _channel_group(n) > 1:  # BLD-even has 66 channels: pairs only
             expect = (name == "BLD-even" and _channel_group(n) == 2,) * 2
@@ -264,6 +264,51 @@ def test_look_back_few_rows(rows, config):
     x, c, h0 = _rows(rows, 2 ** 21 + 12, torch.float32, seed=5)
     check_against_cpu_kernel(x, c, h0, -1, False, torch.float32, config, config)
     check_against_cpu_kernel(x, c, h0, -1, True, torch.float32, config, config)
+
+
+# ----------------------------------------------------------------------------------------------- ring kernel
+
+@pytest.mark.parametrize("config", _by_index("ring"))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_ring_kernel_configs(rows, reverse, dtype, config):
+    """Few long aligned rows, each ring config by name: every block takes more tiles than its ring has
+    slots (each slot reused, tiles of different rows in turn), the last tile partial (read from global
+    memory) and the backward's halos across tiles, forward and backward, with initial."""
+    if not _stream_capable():
+        pytest.skip("the ring kernel needs compute capability 9.0 and ~220 KiB of shared memory")
+    size = _elem_size(dtype)
+    name = _names("ring", size)[config]
+    # > 12 tiles per block for the largest tile (8192 steps): 13 * SMs tiles over the rows, 16 steps
+    # past whole tiles (a multiple of the 16-byte vector: the backward walks down y).
+    length = 13 * _sms() * _T // rows + 16
+    x, c, h0 = _rows(rows, length, dtype, seed=zlib.crc32(repr((rows, reverse, str(dtype), config)).encode()))
+    (fwd, bwd), = check_configs(x, c, h0, -1, reverse, dtype, [name]).values()
+    assert fwd and bwd, name
+
+
+@pytest.mark.parametrize("reverse", REVERSE)
+def test_ring_kernel_broadcast_and_batch_dims(reverse):
+    """Coefficients shared by all rows (batch stride 0: the backward adds their gradient into one
+    buffer), two batch dims, initial state absent or broadcast; and under deterministic algorithms
+    the ring (look-back between blocks) does not apply."""
+    if not _stream_capable():
+        pytest.skip("the ring kernel needs compute capability 9.0")
+    L = 40 * _T + 16
+    g = torch.Generator(device="cuda").manual_seed(12)
+    x = torch.randn(2, 3, L, generator=g, device="cuda")
+    c = torch.empty(L, device="cuda").uniform_(0.9, 1.0, generator=g)
+    h0 = torch.randn(3, generator=g, device="cuda")
+    for name in _names("ring", 4):
+        check_against_cpu_kernel(x, c, None, -1, reverse, torch.float32, name, name)
+        check_against_cpu_kernel(x, c, h0, -1, reverse, torch.float32, name, name)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(ValueError, match="does not apply"):
+            torch.ops.linrec.scan(x, c, h0, -1, reverse, _names("ring", 4)[0])
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 # ----------------------------------------------------------------------------------------------- channel kernel

@@ -1,4 +1,4 @@
-// Every compiled config of the three CUDA scan templates, by name. Host-only and torch-free.
+// Every compiled config of the four CUDA scan templates, by name. Host-only and torch-free.
 //
 // A config is a compile-time instantiation of a kernel template; the launcher turns the run-time
 // index into the template arguments (launch.cuh). Which config runs is decided per device at run
@@ -12,7 +12,9 @@
 
 namespace linrec {
 
-enum class ScanKind : int { kTile = 0, kChannel = 1, kStream = 2 };
+enum class ScanKind : int { kTile = 0, kChannel = 1, kStream = 2, kRing = 3 };
+// In the order the config names are listed (and matched).
+constexpr ScanKind kAllKinds[] = {ScanKind::kTile, ScanKind::kStream, ScanKind::kRing, ScanKind::kChannel};
 
 // Tile kernel (scanned dim innermost): E elements per thread, NT threads per block. Every thread
 // moves whole 16-byte vectors, at least two per tensor (one left bf16 L=1024 at 0.78 of torch.add).
@@ -98,15 +100,48 @@ constexpr StreamConfig stream_config(int elem_size, int i) {
 // Static shared memory of the stream kernel besides its dynamic buffer (barriers, warp totals).
 constexpr size_t kStreamStaticSharedMemory = 1024;
 
+// Ring kernel (Hopper: bulk copies, warp-specialized): persistent blocks of NT consumer threads
+// plus a producer and a look-back warp, E x NT steps per tile, a ring of slots (forward /
+// backward) in shared memory; tiles of few long sequences chained by look-back. `blocks`: blocks
+// per SM the grid assumes.
+struct RingConfig {
+  const char* name;
+  int elems, threads, slots_forward, slots_backward, blocks;
+  constexpr int64_t tile() const { return int64_t(elems) * threads; }
+  constexpr int slots(bool backward) const { return backward ? slots_backward : slots_forward; }
+  // Dynamic shared memory: slots x inputs (2 forward, 3 backward) x (tile + two 128-byte halo
+  // slots), each consumer thread's in-tile prefix (8 bytes) per slot, up to 128 bytes to align.
+  constexpr size_t smem_bytes(int elem_size, bool backward) const {
+    return size_t(slots(backward)) * ((backward ? 3 : 2) * (size_t(tile()) * elem_size + 256) + size_t(threads) * 8) +
+           128;
+  }
+};
+// 16 KB tiles (4096 float32 steps) in a ring of ~200 KB over 512 consumer threads, or 256 (fewer
+// warps to replay a tile), or 8 KB tiles in twice the slots; 2-byte: 16 KB tiles over 512
+// threads, 8 KB tiles over 512 or 256 threads (32 steps per thread spill in the backward).
+constexpr RingConfig kRingConfigs4B[] = {
+    {"ring.e8t512s6", 8, 512, 6, 4, 1}, {"ring.e16t256s6", 16, 256, 6, 4, 1}, {"ring.e8t256s12", 8, 256, 12, 8, 1}};
+constexpr RingConfig kRingConfigs2B[] = {
+    {"ring.e16t512s6", 16, 512, 6, 4, 1}, {"ring.e8t512s10", 8, 512, 10, 7, 1}, {"ring.e16t256s12", 16, 256, 12, 8, 1}};
+constexpr int kNumRingConfigs = 3;
+constexpr RingConfig ring_config(int elem_size, int i) {
+  return elem_size == 2 ? kRingConfigs2B[i] : kRingConfigs4B[i];
+}
+// Static shared memory of the ring kernel besides its dynamic buffer (barriers, slot records).
+constexpr size_t kRingStaticSharedMemory = 2048;
+
 constexpr int num_configs(ScanKind kind) {
-  return kind == ScanKind::kTile ? kNumTileConfigs : kind == ScanKind::kChannel ? kNumChannelConfigs
-                                                                                 : kNumStreamConfigs;
+  return kind == ScanKind::kTile      ? kNumTileConfigs
+         : kind == ScanKind::kChannel ? kNumChannelConfigs
+         : kind == ScanKind::kStream  ? kNumStreamConfigs
+                                      : kNumRingConfigs;
 }
 inline const char* config_name(ScanKind kind, int elem_size, int i) {
   switch (kind) {
     case ScanKind::kTile: return tile_config(elem_size, i).name;
     case ScanKind::kChannel: return channel_config(elem_size, i).name;
     case ScanKind::kStream: return stream_config(elem_size, i).name;
+    case ScanKind::kRing: return ring_config(elem_size, i).name;
   }
   return "";
 }

@@ -8,6 +8,7 @@ namespace linrec {
 struct ScanDefaults {
   int tile_lookback;  // tile config when a sequence spans blocks chained by look-back
   int stream;         // stream config, or -1: no stream kernel
+  int ring;           // ring config for fewer sequences than the stream kernel takes, or -1
   int channel;        // channel config
   int channel_pipe;   // forward: channel config when its blocks walk L (enough channel blocks), or -1
 };
@@ -22,6 +23,10 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width)
   // 512 threads: twice the warps hide the per-tile latency (the configs are even since the
   // per-tile overheads went; 4 stayed).
   d.stream = 4;
+  // 16 KB tiles in a six-slot ring, 512 consumer threads (16 x 2^22 float32 forward / backward:
+  // 0.90 / 0.94 of a vector add, 0.85 / 0.82 with 256 threads, 0.69 / 0.71 for the tile
+  // kernel's look-back; bf16 0.82 / 0.70).
+  d.ring = 0;
   // Channel groups by what measured fastest (bench/NOTES.md item 23): 16 steps of pairs for the
   // 4-byte forward (mamba-BLD 0.96 of torch.add vs 0.94 with 4 channels), 16 steps of 4 channels
   // for the 2-byte forward (bf16 mamba-BLD 0.84 vs 0.73 with 8, 0.59 with pairs); pairs for the

@@ -4,6 +4,7 @@
 
 #include "scan_channel.cuh"
 #include "launch.h"
+#include "scan_ring.cuh"
 #include "scan_stream.cuh"
 #include "scan_tile.cuh"
 
@@ -60,6 +61,18 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
         const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         if (err != cudaSuccess) return err;
         kernel<<<plan.grid, cfg.threads, smem, stream>>>(p, StreamArgs{plan.num_chunks, plan.vec_mask, plan.bulk_mask});
+        return cudaGetLastError();
+      });
+    case ScanKind::kRing:
+      return with_config<kNumRingConfigs>(plan.config, [&](auto i) {
+        constexpr RingConfig cfg = ring_config(sizeof(T), i);
+        constexpr size_t smem = cfg.smem_bytes(sizeof(T), kBackward);
+        const auto kernel = p.lstride[kIn] < 0
+                                ? scan_ring_kernel<T, cfg.elems, cfg.threads, cfg.slots(kBackward), kBackward, true>
+                                : scan_ring_kernel<T, cfg.elems, cfg.threads, cfg.slots(kBackward), kBackward, false>;
+        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        if (err != cudaSuccess) return err;
+        kernel<<<plan.grid, cfg.threads + 64, smem, stream>>>(p, RingArgs{plan.num_chunks, plan.vec_mask, lb});
         return cudaGetLastError();
       });
     case ScanKind::kChannel:

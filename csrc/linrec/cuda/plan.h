@@ -2,6 +2,7 @@
 // torch-free. The config is an explicit request (by name, configs.h) or the device's default
 // (configs_sm90.h, configs_generic.h), chosen from the device's properties at run time.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -36,12 +37,12 @@ constexpr int kNumSizeTileConfigs = 3;
 
 struct ScanPlan {
   ScanKind kind;
-  int config;              // index into the tile, channel or stream configs
+  int config;              // index into the tile, channel, stream or ring configs
   int64_t num_chunks;      // tile and channel kernels: blocks per sequence along the scan (> 1: look-back);
-                           // stream kernel: tiles per sequence
+                           // stream and ring kernels: tiles per sequence
   int64_t per_chunk;       // tiles (tile kernel) or spans (channel kernel) each block walks
   int64_t grid;            // blocks
-  unsigned vec_mask;       // tile and stream kernels: slots that take 16-byte vector accesses
+  unsigned vec_mask;       // tile, stream and ring kernels: slots that take 16-byte vector accesses
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
   size_t workspace_bytes;  // look-back status (0 without look-back)
   size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
@@ -96,7 +97,7 @@ inline ScanDefaults device_defaults(const DeviceInfo& dev, int elem_size, bool b
                            : defaults_generic(elem_size, backward, group_width);
 }
 
-// Slots the tile and stream kernels may access with 16-byte vectors.
+// Slots the tile, stream and ring kernels may access with 16-byte vectors.
 inline unsigned vector_slots(const ScanParams& p, int elem_size) {
   unsigned mask = 0;
   for (int s = 0; s < kNumSlots; ++s)
@@ -112,12 +113,20 @@ inline bool config_applies(const ScanParams& p, int elem_size, const DeviceInfo&
   switch (kind) {
     case ScanKind::kTile: return !channel;
     case ScanKind::kChannel: return channel && channel_groups(p, elem_size, channel_config(elem_size, index).cpl);
-    case ScanKind::kStream: {
+    case ScanKind::kStream:
+    case ScanKind::kRing: {
       if (channel || dev.cc_major < 9) return false;
-      const StreamConfig cfg = stream_config(elem_size, index);
-      if (cfg.smem_bytes(elem_size, p.backward) + kStreamStaticSharedMemory > dev.smem_per_block_optin) return false;
+      const size_t smem = kind == ScanKind::kStream
+                              ? stream_config(elem_size, index).smem_bytes(elem_size, p.backward) + kStreamStaticSharedMemory
+                              : ring_config(elem_size, index).smem_bytes(elem_size, p.backward) + kRingStaticSharedMemory;
+      if (smem > dev.smem_per_block_optin) return false;
       const unsigned streamed = (1u << kIn) | (1u << kCoeff) | (p.backward ? 1u << kOut : 0u);
-      return (vector_slots(p, elem_size) & streamed) == streamed;
+      if ((vector_slots(p, elem_size) & streamed) != streamed) return false;
+      if (kind == ScanKind::kStream) return true;
+      // The ring chains its tiles by look-back (whose order of composition depends on timing), and
+      // walks its inputs in one direction, known at compile time.
+      const bool rev = p.lstride[kIn] < 0;
+      return !p.deterministic && (p.lstride[kCoeff] < 0) == rev && (!p.backward || (p.lstride[kOut] < 0) == rev);
     }
   }
   return false;
@@ -126,7 +135,7 @@ inline bool config_applies(const ScanParams& p, int elem_size, const DeviceInfo&
 // The names of the configs that can run this problem, comma separated (for error messages).
 inline std::string applicable_config_names(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
   std::string out;
-  for (ScanKind kind : {ScanKind::kTile, ScanKind::kStream, ScanKind::kChannel})
+  for (ScanKind kind : kAllKinds)
     for (int i = 0; i < num_configs(kind); ++i)
       if (config_applies(p, elem_size, dev, kind, i)) out += (out.empty() ? "" : ", ") + std::string(config_name(kind, elem_size, i));
   return out;
@@ -175,6 +184,16 @@ inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int 
   const unsigned outs =
       p.backward ? (1u << kGradIn) | (p.accumulate_grad_coeff ? 0u : 1u << kGradCoeff) : 1u << kOut;
   plan.bulk_mask = cfg.bulk_store ? plan.vec_mask & outs : 0u;
+}
+
+// Persistent ring blocks (as many as fit, at most one per tile) over every tile of every sequence.
+inline void plan_ring(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config) {
+  const RingConfig cfg = ring_config(elem_size, config);
+  plan.kind = ScanKind::kRing;
+  plan.config = config;
+  plan.num_chunks = ceil_div(p.len, cfg.tile());
+  plan.per_chunk = 1;
+  plan.grid = std::min<int64_t>(int64_t(dev.num_sms) * cfg.blocks, p.num_seq * plan.num_chunks);
 }
 
 // Whether the channel blocks of config `cfg` walk L one span after the other ("pipe", no
@@ -226,6 +245,8 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     plan.vec_mask = vector_slots(p, elem_size);
     if (req.index >= 0 && req.kind == ScanKind::kStream) {
       plan_stream(plan, p, elem_size, req.index);
+    } else if (req.index >= 0 && req.kind == ScanKind::kRing) {
+      plan_ring(plan, p, elem_size, dev, req.index);
     } else if (req.index >= 0) {
       plan_tile(plan, p, elem_size, dev, req.index, def.tile_lookback);
     } else {
@@ -235,9 +256,15 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
       if (plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && def.stream >= 0 &&
           config_applies(p, elem_size, dev, ScanKind::kStream, def.stream))
         plan_stream(plan, p, elem_size, def.stream);
+      // Fewer sequences: the ring instead of one block per tile, once its tiles outnumber its
+      // blocks (so that a block's ring has tiles to overlap).
+      else if (plan.num_chunks > 1 && def.ring >= 0 &&
+               p.num_seq * ceil_div(p.len, ring_config(elem_size, def.ring).tile()) >= 2 * dev.num_sms &&
+               config_applies(p, elem_size, dev, ScanKind::kRing, def.ring))
+        plan_ring(plan, p, elem_size, dev, def.ring);
     }
   }
-  if (plan.num_chunks > 1 && plan.kind != ScanKind::kStream) {
+  if ((plan.num_chunks > 1 && plan.kind != ScanKind::kStream) || plan.kind == ScanKind::kRing) {
     // look-back: a counter, then two status words per (sequence, chunk)
     plan.workspace_bytes = 16 + static_cast<size_t>(p.num_seq * plan.num_chunks) * 16;
     plan.zeroed_bytes = plan.workspace_bytes;

@@ -38,7 +38,7 @@ DeviceInfo device_info(c10::DeviceIndex index) {
 
 std::string all_config_names(int elem_size) {
   std::string out;
-  for (ScanKind kind : {ScanKind::kTile, ScanKind::kStream, ScanKind::kChannel})
+  for (ScanKind kind : kAllKinds)
     for (int i = 0; i < num_configs(kind); ++i) out += (out.empty() ? "" : ", ") + std::string(config_name(kind, elem_size, i));
   return out;
 }
@@ -49,7 +49,7 @@ ConfigRequest parse_config(const OptConfig& config, int elem_size) {
   if (!config.has_value()) return req;
   const std::string name = strip_prefer(*config, &req.prefer);
   if (name == kNativeDefault) return ConfigRequest{};
-  for (ScanKind kind : {ScanKind::kTile, ScanKind::kStream, ScanKind::kChannel})
+  for (ScanKind kind : kAllKinds)
     for (int i = 0; i < num_configs(kind); ++i)
       if (name == config_name(kind, elem_size, i)) {
         req.kind = kind;

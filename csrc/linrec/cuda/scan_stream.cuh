@@ -132,27 +132,32 @@ __device__ __forceinline__ float scan_block_one_barrier(Affine mine, float& carr
 }
 
 // A thread's operands of the tile staged in `st` (from global memory when the tile is partial).
-template <typename T, int E, int NT, int STAGES, bool kBackward>
+// kDir: the sign of every streamed input's stride along the scan when the caller knows it at
+// compile time (+1 or -1; the ring kernel), 0: read from `s`.
+template <typename T, int E, int NT, int STAGES, bool kBackward, int kDir = 0>
 __device__ __forceinline__ void load_operands(const T* region, const SeqTensors<T>& s, int64_t L, int64_t t0,
                                               unsigned vm, float (&v)[E], float (&c)[E], float (&yn)[E]) {
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
+  const bool rev_in = kDir != 0 ? kDir < 0 : s.ls_in < 0;
+  const bool rev_c = kDir != 0 ? kDir < 0 : s.ls_c < 0;
+  const bool rev_y = kDir != 0 ? kDir < 0 : s.ls_y < 0;
   const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
   const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
   if (t0 + S::kTile > L) {
     load_tile_global<T, E, NT, kBackward>(s, L, tf, nv, vm, v, c, yn);
     return;
   }
-  load_staged<T, E, NT, STAGES, kBackward>(region, s.ls_in < 0, v);
-  load_staged<T, E, NT, STAGES, kBackward>(region + S::kRegion, s.ls_c < 0, c);
+  load_staged<T, E, NT, STAGES, kBackward>(region, rev_in, v);
+  load_staged<T, E, NT, STAGES, kBackward>(region + S::kRegion, rev_c, c);
   if constexpr (kBackward) {
     const T* rc = region + S::kRegion;
     const T* ry = region + 2 * S::kRegion;
-    load_staged<T, E, NT, STAGES, kBackward>(ry, s.ls_y < 0, yn);
+    load_staged<T, E, NT, STAGES, kBackward>(ry, rev_y, yn);
     const int w = threadIdx.x * E;  // walk step of this thread's first element in the tile
-    const float c_before = tf > 0 ? to_float(rc[S::index(w - 1, s.ls_c < 0)]) : 0.f;
+    const float c_before = tf > 0 ? to_float(rc[S::index(w - 1, rev_c)]) : 0.f;
     float y_after = 0.f;
     if (tf + E < L) {
-      y_after = (threadIdx.x + 1 < NT || t0 + S::kTile + S::kVec <= L) ? to_float(ry[S::index(w + E, s.ls_y < 0)])
+      y_after = (threadIdx.x + 1 < NT || t0 + S::kTile + S::kVec <= L) ? to_float(ry[S::index(w + E, rev_y)])
                                                                         : to_float(s.y[(tf + E) * s.ls_y]);
     }
     shift_backward_operands<E>(c, yn, c_before, y_after, tf, nv, L, s.init);

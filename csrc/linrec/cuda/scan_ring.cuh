@@ -1,0 +1,219 @@
+// Ring kernel (Hopper): few sequences, each much longer than a tile, e.g. (16, 2^22) or (1, 2^26),
+// with the scanned dim innermost and 16-byte aligned.
+//
+// Persistent blocks take tiles of every sequence in chunk-major order from a counter and chain
+// them by decoupled look-back, like the tile kernel's look-back mode, but a block's warps are
+// specialized so that no tile waits for another tile's look-back:
+// - a producer warp (one lane) claims a tile only when one of the block's SLOTS shared-memory
+//   slots is free, and fetches each input with one bulk copy (cp.async.bulk) at once;
+// - the NT consumer threads reduce each tile as it lands (their in-tile exclusive prefixes go to
+//   shared memory, the tile's aggregate to the look-back status), and replay a reduced tile from
+//   its slot once its prefix is known, then free the slot; they replay whenever a prefix is
+//   ready and reduce otherwise, so aggregates are published as soon as the data is there;
+// - a look-back warp resolves each reduced tile's prefix in order (warp_look_back), publishes
+//   its inclusive state and hands the prefix to the consumers.
+// The tile kernel's block holds its tile in registers from its loads to its replay, across the
+// look-back, so the bytes in flight per SM are cut by the look-back's latency: it reaches ~0.69
+// of a vector add on 16 x 2^22 float32, this kernel ~0.9 (bench/NOTES.md item 39).
+//
+// Slot handshakes (mbarriers, one phase per use of the slot): full (producer's bulk copies),
+// reduced (consumer thread 0: aggregate in shared memory), prefix (look-back warp), free (one
+// arrival per consumer warp). The last tile of a sequence, when partial, is read from global
+// memory, as in the stream kernel, whose shared-memory layout of a staged tile this reuses.
+#pragma once
+#include <cuda/ptx>
+
+#include "scan_stream.cuh"
+
+namespace linrec {
+
+struct RingArgs {
+  int64_t num_chunks;  // tiles per sequence
+  unsigned vec_mask;
+  LookbackState lb;
+};
+
+// What the producer records of the tile in a slot (read by the consumers and the look-back warp).
+template <typename T>
+struct RingSlotInfo {
+  int64_t vid;  // status index (chunk * num_seq + seq), -1: no more tiles
+  int64_t chunk, seq;
+  // The tile's sequence, SeqTensors<T> (a constructor, so not a __shared__ member itself), with
+  // `initial` read where the tile needs it (the forward's first tile, the backward's last).
+  alignas(8) unsigned char tensors_bytes[sizeof(SeqTensors<T>)];
+  __device__ __forceinline__ const SeqTensors<T>& tensors() const {
+    return *reinterpret_cast<const SeqTensors<T>*>(tensors_bytes);
+  }
+};
+
+template <typename T, int E, int NT, int SLOTS, bool kBackward>
+struct RingShape {
+  using Staged = StreamShape<T, E, NT, SLOTS, kBackward>;
+  static constexpr int kWarps = NT / 32;                       // consumer warps
+  static constexpr int kThreads = NT + 64;                     // + producer warp + look-back warp
+  // Dynamic shared memory (RingConfig::smem_bytes): the slots, then each consumer thread's
+  // in-tile prefix per slot.
+  static constexpr int kSlotElems = Staged::kStreams * Staged::kRegion;
+};
+
+namespace ring {
+__device__ __forceinline__ void arrive(uint64_t* bar) {
+  cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar);
+}
+__device__ __forceinline__ void wait(uint64_t* bar, int64_t use) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, static_cast<uint32_t>(use & 1))) {
+  }
+}
+// Whether the phase of `use` has completed, the same answer on every lane (lane 0 asks; the
+// others then wait, which returns at once, for their own acquire of the slot's data).
+__device__ __forceinline__ bool warp_test(uint64_t* bar, int64_t use) {
+  const int lane = threadIdx.x & 31;
+  bool ok = lane == 0 && cuda::ptx::mbarrier_test_wait_parity(bar, static_cast<uint32_t>(use & 1));
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  if (ok) wait(bar, use);
+  return ok;
+}
+// Barrier of the NT consumer threads only (named barrier 1; the other warps never wait on it).
+template <int NT>
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
+}
+}  // namespace ring
+
+// kRev: the streamed inputs are walked downwards in memory (stride -1 along the scan; +1 else).
+template <typename T, int E, int NT, int SLOTS, bool kBackward, bool kRev>
+__global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams p, const RingArgs args) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using R = RingShape<T, E, NT, SLOTS, kBackward>;
+  using S = typename R::Staged;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* const staged = reinterpret_cast<T*>(smem_raw + (-reinterpret_cast<uintptr_t>(smem_raw) & 127));
+  Affine* const thread_prefix = reinterpret_cast<Affine*>(staged + SLOTS * R::kSlotElems);  // [SLOTS][NT]
+  __shared__ __align__(8) uint64_t full[SLOTS], reduced[SLOTS], prefix_ready[SLOTS], free_slot[SLOTS];
+  __shared__ RingSlotInfo<T> info[SLOTS];
+  __shared__ Affine totals[SLOTS][R::kWarps];
+  __shared__ Affine tile_agg[SLOTS];
+  __shared__ float tile_prefix[SLOTS];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t L = p.len, num_tiles = p.num_seq * args.num_chunks;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < SLOTS; ++s) {
+      cuda::ptx::mbarrier_init(&full[s], 1);
+      cuda::ptx::mbarrier_init(&reduced[s], 1);
+      cuda::ptx::mbarrier_init(&prefix_ready[s], 1);
+      cuda::ptx::mbarrier_init(&free_slot[s], R::kWarps);
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  if (warp == R::kWarps) {  // producer
+    if (lane != 0) return;
+    for (int64_t i = 0;; ++i) {
+      const int s = static_cast<int>(i % SLOTS);
+      ring::wait(&free_slot[s], i / SLOTS + 1);  // the first use of each slot passes at once
+      const int64_t vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
+      RingSlotInfo<T>& in = info[s];
+      if (vid >= num_tiles) {
+        in.vid = -1;
+        ring::arrive(&full[s]);
+        return;
+      }
+      const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
+      in.vid = vid, in.chunk = chunk, in.seq = seq;
+      const SeqIndex index(p, seq);
+      int64_t off[kNumSlots];
+#pragma unroll
+      for (int j = 0; j < kNumSlots; ++j) off[j] = index.offset(p, j);
+      const bool needs_init = kBackward ? chunk == args.num_chunks - 1 : chunk == 0;
+      const SeqTensors<T> st(p, off, needs_init);
+      *reinterpret_cast<SeqTensors<T>*>(in.tensors_bytes) = st;
+      stage_tile<T, E, NT, SLOTS, kBackward>(st, L, chunk * S::kTile, staged + s * R::kSlotElems, &full[s]);
+    }
+  }
+
+  if (warp == R::kWarps + 1) {  // look-back
+    for (int64_t i = 0;; ++i) {
+      const int s = static_cast<int>(i % SLOTS);
+      ring::wait(&reduced[s], i / SLOTS);
+      const RingSlotInfo<T>& in = info[s];
+      if (in.vid < 0) return;
+      const float h = in.chunk == 0 ? (kBackward ? 0.f : in.tensors().init)
+                                    : args.lb.warp_look_back(in.seq, p.num_seq, in.chunk);
+      if (lane == 0) {
+        if (in.chunk + 1 < args.num_chunks) args.lb.publish_inclusive(in.vid, fmaf(tile_agg[s].a, h, tile_agg[s].b));
+        tile_prefix[s] = h;
+        ring::arrive(&prefix_ready[s]);
+      }
+      __syncwarp();
+    }
+  }
+
+  // Consumers: replay the oldest reduced tile when its prefix is ready, else reduce the next
+  // staged tile; every warp takes the tiles in the same order (the reduction's barrier).
+  int64_t next_reduce = 0, next_replay = 0;
+  bool claimed_all = false;
+  while (!claimed_all || next_replay < next_reduce) {
+    if (next_replay < next_reduce) {
+      const int s = static_cast<int>(next_replay % SLOTS);
+      if (ring::warp_test(&prefix_ready[s], next_replay / SLOTS)) {
+        const RingSlotInfo<T>& in = info[s];
+        const SeqTensors<T>& st = in.tensors();
+        const int64_t t0 = in.chunk * S::kTile;
+        float v[E], c[E], yn[E];
+        load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, st, L, t0, args.vec_mask,
+                                                                   v, c, yn);
+        const Affine pre = thread_prefix[s * NT + threadIdx.x];
+        const float h = fmaf(pre.a, tile_prefix[s], pre.b);
+        const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
+        const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+        const float h_last = replay_steps<E, kBackward>(h, nv, v, c, yn);
+        store_outputs<T, E, kBackward>(st, L, tf, nv, args.vec_mask, 0u, h_last, v, yn);
+        __syncwarp();  // the slot's record (st) is read until here
+        if (lane == 0) ring::arrive(&free_slot[s]);
+        ++next_replay;
+        continue;
+      }
+    }
+    if (claimed_all) continue;
+    const int s = static_cast<int>(next_reduce % SLOTS);
+    if (!ring::warp_test(&full[s], next_reduce / SLOTS)) continue;
+    const RingSlotInfo<T>& in = info[s];
+    if (in.vid < 0) {
+      claimed_all = true;
+      if (threadIdx.x == 0) ring::arrive(&reduced[s]);  // ends the look-back warp
+      continue;
+    }
+    float v[E], c[E], yn[E];
+    load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, in.tensors(), L,
+                                                               in.chunk * S::kTile, args.vec_mask, v, c, yn);
+    Affine inc = reduce_steps<E>(v, c);  // then inclusive over the warp's lanes
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const float a = __shfl_up_sync(0xffffffffu, inc.a, d), b = __shfl_up_sync(0xffffffffu, inc.b, d);
+      if (lane >= d) inc = ComposeOp()(Affine{a, b}, inc);
+    }
+    if (lane == 31) totals[s][warp] = inc;
+    ring::consumer_sync<NT>();
+    Affine before{1.f, 0.f}, all{1.f, 0.f};  // the warps before this one; the whole tile
+#pragma unroll
+    for (int w = 0; w < R::kWarps; ++w) {
+      if (w == warp) before = all;
+      all = ComposeOp()(all, totals[s][w]);
+    }
+    const float a = __shfl_up_sync(0xffffffffu, inc.a, 1), b = __shfl_up_sync(0xffffffffu, inc.b, 1);
+    thread_prefix[s * NT + threadIdx.x] = lane == 0 ? before : ComposeOp()(before, Affine{a, b});
+    if (threadIdx.x == 0) {
+      if (in.chunk > 0) args.lb.publish_aggregate(in.vid, all);
+      tile_agg[s] = all;
+      ring::arrive(&reduced[s]);
+    }
+    ++next_reduce;
+  }
+#else
+  __trap();  // planned only on compute capability >= 9.0
+#endif
+}
+
+}  // namespace linrec
