@@ -49,13 +49,13 @@ def _compile(src: Path, tmp: Path) -> str:
 # Spill allowance, bytes: the 2-byte tile backward with 32 steps per thread is capped at 128 registers
 # on purpose (a third more warps per SM; measured faster on the H100, bench/NOTES.md item 38), which
 # spills a few words outside its step loops (28 bytes at 32 threads per block, 72 at 128). The 2-byte
-# ring backward of 16 steps over 512 consumer threads (576 per block: at most 96 registers) spills 46
+# ring backward of 16 steps over 512 consumer threads (576 per block: at most 96 registers) spills up to 64
 # bytes and is still faster than the same tile over 256 threads (item 39). Every other scan kernel: none.
 def _scan_spill_allowed(name: str) -> int:
     if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li32ELi\d+ELb1E", name):
         return 80
     if re.search(r"scan_ring_kernelI(13__nv_bfloat16|6__half)Li16ELi512ELi\d+ELb1E", name):
-        return 64
+        return 80
     return 0
 
 
@@ -86,8 +86,8 @@ def test_scan_spill_allowance_names_its_kernels():
     assert _scan_spill_allowed(bf16_bwd.replace("Li32ELi32E", "Li16ELi64E")) == 0
     assert _scan_spill_allowed(bf16_bwd.replace("scan_tile_kernel", "scan_stream_kernel")) == 0
     ring_bwd = "_ZN6linrec16scan_ring_kernelI13__nv_bfloat16Li16ELi512ELi4ELb1ELb0EEEvNS_10ScanParamsENS_8RingArgsE"
-    assert _scan_spill_allowed(ring_bwd) == 64
-    assert _scan_spill_allowed(ring_bwd.replace("13__nv_bfloat16", "6__half")) == 64
+    assert _scan_spill_allowed(ring_bwd) == 80
+    assert _scan_spill_allowed(ring_bwd.replace("13__nv_bfloat16", "6__half")) == 80
     assert _scan_spill_allowed(ring_bwd.replace("Lb1ELb0E", "Lb0ELb0E")) == 0
     assert _scan_spill_allowed(ring_bwd.replace("13__nv_bfloat16", "f")) == 0
     assert _scan_spill_allowed(ring_bwd.replace("Li16ELi512E", "Li16ELi256E")) == 0

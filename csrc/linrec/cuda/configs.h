@@ -66,6 +66,12 @@ constexpr ChannelConfig channel_config(int elem_size, int i) {
   return elem_size == 2 ? kChannelConfigs2B[i] : kChannelConfigs4B[i];
 }
 
+// Shared memory of one staged tile of the stream and ring kernels: its inputs (x or grad_y, coeffs,
+// and y in the backward), each with two 128-byte halo slots in the backward (StreamShape).
+constexpr size_t staged_tile_bytes(int64_t tile, int elem_size, bool backward) {
+  return backward ? 3 * (size_t(tile) * elem_size + 256) : 2 * size_t(tile) * elem_size;
+}
+
 // Stream kernel (Hopper: bulk copies): one block per sequence, E x NT steps per tile, tiles
 // staged STAGES ahead (forward / backward). `bulk_store`: full output tiles leave through shared
 // memory by bulk stores (else stored from registers).
@@ -75,11 +81,11 @@ struct StreamConfig {
   bool bulk_store;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
   constexpr int stages(bool backward) const { return backward ? stages_backward : stages_forward; }
-  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x (tile + two 128-byte halo
-  // slots), two tiles of each output (1 forward, 2 backward) for the bulk stores, and up to 128
-  // bytes to align them.
+  // Dynamic shared memory: stages x inputs (2 forward, 3 backward) x tile (backward: plus two
+  // 128-byte halo slots), two tiles of each output (1 forward, 2 backward) for the bulk stores,
+  // and up to 128 bytes to align them.
   constexpr size_t smem_bytes(int elem_size, bool backward) const {
-    return size_t(stages(backward)) * (backward ? 3 : 2) * (size_t(tile()) * elem_size + 256) +
+    return size_t(stages(backward)) * staged_tile_bytes(tile(), elem_size, backward) +
            size_t(2) * (backward ? 2 : 1) * size_t(tile()) * elem_size + 128;
   }
 };
@@ -100,6 +106,11 @@ constexpr StreamConfig stream_config(int elem_size, int i) {
 // Static shared memory of the stream kernel besides its dynamic buffer (barriers, warp totals).
 constexpr size_t kStreamStaticSharedMemory = 1024;
 
+// Bytes of a ring slot besides its staged tile: record, four mbarriers, a prefix per consumer
+// thread, the tile's aggregate and prefix.
+constexpr size_t kRingRecordBytes = 128;
+constexpr size_t ring_slot_extra_bytes(int threads) { return kRingRecordBytes + 32 + 8 * size_t(threads) + 16; }
+
 // Ring kernel (Hopper: bulk copies, warp-specialized): persistent blocks of NT consumer threads
 // plus a producer and a look-back warp, E x NT steps per tile, a ring of slots (forward /
 // backward) in shared memory; tiles of few long sequences chained by look-back. `blocks`: blocks
@@ -109,26 +120,29 @@ struct RingConfig {
   int elems, threads, slots_forward, slots_backward, blocks;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
   constexpr int slots(bool backward) const { return backward ? slots_backward : slots_forward; }
-  // Dynamic shared memory: slots x inputs (2 forward, 3 backward) x (tile + two 128-byte halo
-  // slots), each consumer thread's in-tile prefix (8 bytes) per slot, up to 128 bytes to align.
+  constexpr int warps() const { return threads / 32; }
+  // Shared memory (all dynamic, laid out by scan_ring.cuh's RingLayout): per slot its staged tile,
+  // its record (kRingRecordBytes), four mbarriers, the consumer threads' in-tile prefixes, the
+  // tile's aggregate and prefix; the warps' totals (two tiles' worth); up to 128 bytes to align.
   constexpr size_t smem_bytes(int elem_size, bool backward) const {
-    return size_t(slots(backward)) * ((backward ? 3 : 2) * (size_t(tile()) * elem_size + 256) + size_t(threads) * 8) +
-           128;
+    return size_t(slots(backward)) * (staged_tile_bytes(tile(), elem_size, backward) + ring_slot_extra_bytes(threads)) +
+           16 * size_t(warps()) + 128;
   }
 };
-// 16 KB tiles (4096 float32 steps) in a ring of ~200 KB over 512 consumer threads, or 256 (fewer
-// warps to replay a tile), or 8 KB tiles in twice the slots; 2-byte: 16 KB tiles over 512
-// threads, 8 KB tiles over 512 or 256 threads (32 steps per thread spill in the backward).
+// 16 KB tiles (4096 float32 steps) in a ring of ~220 KB over 512 consumer threads, or 256 (fewer
+// warps to reduce and replay a tile); 8 KB tiles in twice the slots. 2-byte: 16 KB tiles over 512
+// threads; 8 KB tiles over 256 threads, in twelve slots or two blocks of five per SM (32 steps per
+// thread spill in the backward).
 constexpr RingConfig kRingConfigs4B[] = {
     {"ring.e8t512s6", 8, 512, 6, 4, 1}, {"ring.e16t256s6", 16, 256, 6, 4, 1}, {"ring.e8t256s12", 8, 256, 12, 8, 1}};
 constexpr RingConfig kRingConfigs2B[] = {
-    {"ring.e16t512s6", 16, 512, 6, 4, 1}, {"ring.e8t512s10", 8, 512, 10, 7, 1}, {"ring.e16t256s12", 16, 256, 12, 8, 1}};
+    {"ring.e16t512s6", 16, 512, 6, 4, 1}, {"ring.e16t256s12", 16, 256, 12, 8, 1}, {"ring.e16t256s5", 16, 256, 5, 3, 2}};
 constexpr int kNumRingConfigs = 3;
 constexpr RingConfig ring_config(int elem_size, int i) {
   return elem_size == 2 ? kRingConfigs2B[i] : kRingConfigs4B[i];
 }
-// Static shared memory of the ring kernel besides its dynamic buffer (barriers, slot records).
-constexpr size_t kRingStaticSharedMemory = 2048;
+// Static shared memory of the ring kernel besides its dynamic buffer (none; a margin).
+constexpr size_t kRingStaticSharedMemory = 256;
 
 constexpr int num_configs(ScanKind kind) {
   return kind == ScanKind::kTile      ? kNumTileConfigs

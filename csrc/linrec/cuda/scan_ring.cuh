@@ -49,12 +49,56 @@ struct RingSlotInfo {
 template <typename T, int E, int NT, int SLOTS, bool kBackward>
 struct RingShape {
   using Staged = StreamShape<T, E, NT, SLOTS, kBackward>;
-  static constexpr int kWarps = NT / 32;                       // consumer warps
-  static constexpr int kThreads = NT + 64;                     // + producer warp + look-back warp
-  // Dynamic shared memory (RingConfig::smem_bytes): the slots, then each consumer thread's
-  // in-tile prefix per slot.
+  static constexpr int kWarps = NT / 32;    // consumer warps
+  static constexpr int kThreads = NT + 64;  // + producer warp + look-back warp
   static constexpr int kSlotElems = Staged::kStreams * Staged::kRegion;
+  static_assert(sizeof(RingSlotInfo<T>) <= kRingRecordBytes, "a slot record outgrew its bytes");
+  static_assert(kSlotElems * sizeof(T) == staged_tile_bytes(E * NT, sizeof(T), kBackward), "configs.h's layout");
 };
+
+// The ring's shared memory (RingConfig::smem_bytes): per slot the staged tile, then per slot its
+// record, four mbarriers (full, reduced, prefix ready, free), each consumer thread's prefix in the
+// tile, the tile's aggregate and prefix; the consumer warps' totals, double-buffered by tile.
+template <typename T, int E, int NT, int SLOTS, bool kBackward>
+struct RingLayout {
+  using R = RingShape<T, E, NT, SLOTS, kBackward>;
+  T* staged;  // [SLOTS][kSlotElems]
+  RingSlotInfo<T>* info;
+  uint64_t *full, *reduced, *prefix_ready, *free_slot;
+  Affine* thread_prefix;  // [SLOTS][NT]
+  Affine* tile_agg;
+  float* tile_prefix;   // (8 bytes per slot)
+  Affine* totals;       // [2][kWarps]
+
+  __device__ __forceinline__ explicit RingLayout(unsigned char* raw) {
+    unsigned char* at = raw + (-reinterpret_cast<uintptr_t>(raw) & 127);
+    auto take = [&](size_t bytes) {
+      unsigned char* p = at;
+      at += bytes;
+      return p;
+    };
+    staged = reinterpret_cast<T*>(take(size_t(SLOTS) * R::kSlotElems * sizeof(T)));
+    info = reinterpret_cast<RingSlotInfo<T>*>(take(SLOTS * kRingRecordBytes));
+    full = reinterpret_cast<uint64_t*>(take(SLOTS * 8));
+    reduced = reinterpret_cast<uint64_t*>(take(SLOTS * 8));
+    prefix_ready = reinterpret_cast<uint64_t*>(take(SLOTS * 8));
+    free_slot = reinterpret_cast<uint64_t*>(take(SLOTS * 8));
+    thread_prefix = reinterpret_cast<Affine*>(take(SLOTS * NT * sizeof(Affine)));
+    tile_agg = reinterpret_cast<Affine*>(take(SLOTS * sizeof(Affine)));
+    tile_prefix = reinterpret_cast<float*>(take(SLOTS * 8));
+    totals = reinterpret_cast<Affine*>(take(2 * R::kWarps * sizeof(Affine)));
+  }
+};
+
+// Inclusive scan of the warp's lanes' maps (lane 0's first).
+__device__ __forceinline__ void warp_inclusive_scan(Affine& inc) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const float a = __shfl_up_sync(0xffffffffu, inc.a, d), b = __shfl_up_sync(0xffffffffu, inc.b, d);
+    if (lane >= d) inc = ComposeOp()(Affine{a, b}, inc);
+  }
+}
 
 namespace ring {
 __device__ __forceinline__ void arrive(uint64_t* bar) {
@@ -87,13 +131,11 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   using R = RingShape<T, E, NT, SLOTS, kBackward>;
   using S = typename R::Staged;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* const staged = reinterpret_cast<T*>(smem_raw + (-reinterpret_cast<uintptr_t>(smem_raw) & 127));
-  Affine* const thread_prefix = reinterpret_cast<Affine*>(staged + SLOTS * R::kSlotElems);  // [SLOTS][NT]
-  __shared__ __align__(8) uint64_t full[SLOTS], reduced[SLOTS], prefix_ready[SLOTS], free_slot[SLOTS];
-  __shared__ RingSlotInfo<T> info[SLOTS];
-  __shared__ Affine totals[SLOTS][R::kWarps];
-  __shared__ Affine tile_agg[SLOTS];
-  __shared__ float tile_prefix[SLOTS];
+  const RingLayout<T, E, NT, SLOTS, kBackward> sh(smem_raw);
+  T* const staged = sh.staged;
+  RingSlotInfo<T>* const info = sh.info;
+  uint64_t *const full = sh.full, *const reduced = sh.reduced, *const prefix_ready = sh.prefix_ready,
+                  *const free_slot = sh.free_slot;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t L = p.len, num_tiles = p.num_seq * args.num_chunks;
@@ -142,8 +184,8 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       const float h = in.chunk == 0 ? (kBackward ? 0.f : in.tensors().init)
                                     : args.lb.warp_look_back(in.seq, p.num_seq, in.chunk);
       if (lane == 0) {
-        if (in.chunk + 1 < args.num_chunks) args.lb.publish_inclusive(in.vid, fmaf(tile_agg[s].a, h, tile_agg[s].b));
-        tile_prefix[s] = h;
+        if (in.chunk + 1 < args.num_chunks) args.lb.publish_inclusive(in.vid, fmaf(sh.tile_agg[s].a, h, sh.tile_agg[s].b));
+        sh.tile_prefix[s] = h;
         ring::arrive(&prefix_ready[s]);
       }
       __syncwarp();
@@ -164,8 +206,8 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
         float v[E], c[E], yn[E];
         load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, st, L, t0, args.vec_mask,
                                                                    v, c, yn);
-        const Affine pre = thread_prefix[s * NT + threadIdx.x];
-        const float h = fmaf(pre.a, tile_prefix[s], pre.b);
+        const Affine pre = sh.thread_prefix[s * NT + threadIdx.x];
+        const float h = fmaf(pre.a, sh.tile_prefix[s], pre.b);
         const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
         const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
         const float h_last = replay_steps<E, kBackward>(h, nv, v, c, yn);
@@ -188,25 +230,23 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
     float v[E], c[E], yn[E];
     load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, in.tensors(), L,
                                                                in.chunk * S::kTile, args.vec_mask, v, c, yn);
-    Affine inc = reduce_steps<E>(v, c);  // then inclusive over the warp's lanes
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const float a = __shfl_up_sync(0xffffffffu, inc.a, d), b = __shfl_up_sync(0xffffffffu, inc.b, d);
-      if (lane >= d) inc = ComposeOp()(Affine{a, b}, inc);
-    }
-    if (lane == 31) totals[s][warp] = inc;
+    Affine inc = reduce_steps<E>(v, c);
+    warp_inclusive_scan(inc);
+    // totals[buf] is rewritten two reductions later, after every warp passed the next barrier
+    Affine* const totals = sh.totals + (next_reduce & 1) * R::kWarps;
+    if (lane == 31) totals[warp] = inc;
     ring::consumer_sync<NT>();
-    Affine before{1.f, 0.f}, all{1.f, 0.f};  // the warps before this one; the whole tile
-#pragma unroll
-    for (int w = 0; w < R::kWarps; ++w) {
-      if (w == warp) before = all;
-      all = ComposeOp()(all, totals[s][w]);
-    }
-    const float a = __shfl_up_sync(0xffffffffu, inc.a, 1), b = __shfl_up_sync(0xffffffffu, inc.b, 1);
-    thread_prefix[s * NT + threadIdx.x] = lane == 0 ? before : ComposeOp()(before, Affine{a, b});
+    // Lane w < kWarps takes warp w's total; their scan gives every warp its prefix and the tile's.
+    Affine t = lane < R::kWarps ? totals[lane] : Affine{1.f, 0.f};
+    warp_inclusive_scan(t);
+    const float ta = __shfl_sync(0xffffffffu, t.a, (warp + 31) & 31), tb = __shfl_sync(0xffffffffu, t.b, (warp + 31) & 31);
+    const Affine before = warp == 0 ? Affine{1.f, 0.f} : Affine{ta, tb};
+    const Affine all{__shfl_sync(0xffffffffu, t.a, R::kWarps - 1), __shfl_sync(0xffffffffu, t.b, R::kWarps - 1)};
+    const float ea = __shfl_up_sync(0xffffffffu, inc.a, 1), eb = __shfl_up_sync(0xffffffffu, inc.b, 1);
+    sh.thread_prefix[s * NT + threadIdx.x] = lane == 0 ? before : ComposeOp()(before, Affine{ea, eb});
     if (threadIdx.x == 0) {
       if (in.chunk > 0) args.lb.publish_aggregate(in.vid, all);
-      tile_agg[s] = all;
+      sh.tile_agg[s] = all;
       ring::arrive(&reduced[s]);
     }
     ++next_reduce;

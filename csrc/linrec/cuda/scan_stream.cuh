@@ -49,10 +49,10 @@ struct StreamShape {
   static constexpr int kVecsPerThread = E / kVec;
   static constexpr int kStreams = kBackward ? 3 : 2;  // x or grad_y, coeffs, (y)
   static constexpr int kOuts = kBackward ? 2 : 1;     // y, or dx and dc
-  // A 128-byte slot on each side of the tile, whose inner 16 bytes take the backward's halo:
-  // tiles start 128-byte aligned in shared memory. (With 16-byte slots the bulk copies of
-  // few-long read 1.2x the sectors from L2: 40.3M vs 33.6M, ncu on the H100.)
-  static constexpr int kHalo = 128 / static_cast<int>(sizeof(T));
+  // Backward: a 128-byte slot on each side of the tile, whose inner 16 bytes take the halo: tiles
+  // start 128-byte aligned in shared memory. (With 16-byte slots the bulk copies of few-long read
+  // 1.2x the sectors from L2: 40.3M vs 33.6M, ncu on the H100.) The forward reads no halo.
+  static constexpr int kHalo = kBackward ? 128 / static_cast<int>(sizeof(T)) : 0;
   static constexpr int kRegion = kTile + 2 * kHalo;
   static_assert(E % kVec == 0 && (kVecsPerThread & (kVecsPerThread - 1)) == 0 && kVecsPerThread <= 8,
                 "a thread reads a power of two of 16-byte vectors, at most 8");
