@@ -74,23 +74,22 @@ def _check_no_spills(sources: list, tmp: Path) -> None:
             assert int(frame) == 0 or allowed > 0, f"{name} uses a stack frame:\n{log}"
 
 
-def test_scan_spill_allowance_names_its_kernels():
+_TILE_BWD = "_ZN6linrec16scan_tile_kernelI13__nv_bfloat16Li32ELi32ELb1EEEvNS_10ScanParamsENS_8TileArgsE"
+_RING_BWD = "_ZN6linrec16scan_ring_kernelI13__nv_bfloat16Li16ELi512ELi4ELb1ELb0EEEvNS_10ScanParamsENS_8RingArgsE"
+
+
+@pytest.mark.parametrize("name,allowed", [
+    (_TILE_BWD, 80), (_TILE_BWD.replace("13__nv_bfloat16", "6__half"), 80),
+    (_TILE_BWD.replace("Li32ELi32E", "Li32ELi128E"), 80), (_TILE_BWD.replace("Lb1E", "Lb0E"), 0),
+    (_TILE_BWD.replace("13__nv_bfloat16", "f"), 0), (_TILE_BWD.replace("Li32ELi32E", "Li16ELi64E"), 0),
+    (_TILE_BWD.replace("scan_tile_kernel", "scan_stream_kernel"), 0),
+    (_RING_BWD, 80), (_RING_BWD.replace("13__nv_bfloat16", "6__half"), 80),
+    (_RING_BWD.replace("Lb1ELb0E", "Lb0ELb0E"), 0), (_RING_BWD.replace("13__nv_bfloat16", "f"), 0),
+    (_RING_BWD.replace("Li16ELi512E", "Li16ELi256E"), 0)])
+def test_scan_spill_allowance_names_its_kernels(name, allowed):
     """The allowances match the 2-byte 32-step tile backward and the 2-byte 16-step, 512-thread ring
     backward only (a test of the rule itself)."""
-    bf16_bwd = "_ZN6linrec16scan_tile_kernelI13__nv_bfloat16Li32ELi32ELb1EEEvNS_10ScanParamsENS_8TileArgsE"
-    assert _scan_spill_allowed(bf16_bwd) == 80
-    assert _scan_spill_allowed(bf16_bwd.replace("13__nv_bfloat16", "6__half")) == 80
-    assert _scan_spill_allowed(bf16_bwd.replace("Li32ELi32E", "Li32ELi128E")) == 80
-    assert _scan_spill_allowed(bf16_bwd.replace("Lb1E", "Lb0E")) == 0
-    assert _scan_spill_allowed(bf16_bwd.replace("13__nv_bfloat16", "f")) == 0
-    assert _scan_spill_allowed(bf16_bwd.replace("Li32ELi32E", "Li16ELi64E")) == 0
-    assert _scan_spill_allowed(bf16_bwd.replace("scan_tile_kernel", "scan_stream_kernel")) == 0
-    ring_bwd = "_ZN6linrec16scan_ring_kernelI13__nv_bfloat16Li16ELi512ELi4ELb1ELb0EEEvNS_10ScanParamsENS_8RingArgsE"
-    assert _scan_spill_allowed(ring_bwd) == 80
-    assert _scan_spill_allowed(ring_bwd.replace("13__nv_bfloat16", "6__half")) == 80
-    assert _scan_spill_allowed(ring_bwd.replace("Lb1ELb0E", "Lb0ELb0E")) == 0
-    assert _scan_spill_allowed(ring_bwd.replace("13__nv_bfloat16", "f")) == 0
-    assert _scan_spill_allowed(ring_bwd.replace("Li16ELi512E", "Li16ELi256E")) == 0
+    assert _scan_spill_allowed(name) == allowed
 
 
 def test_sources_found():

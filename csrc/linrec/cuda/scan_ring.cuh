@@ -23,6 +23,7 @@
 #pragma once
 #include <cuda/ptx>
 
+#include "configs.h"
 #include "scan_stream.cuh"
 
 namespace linrec {
