@@ -23,9 +23,9 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width)
   // 512 threads: twice the warps hide the per-tile latency (the configs are even since the
   // per-tile overheads went; 4 stayed).
   d.stream = 4;
-  // 16 KB tiles in a six-slot ring, 512 consumer threads (16 x 2^22 float32 forward / backward:
-  // 0.90 / 0.94 of a vector add, 0.85 / 0.82 with 256 threads, 0.69 / 0.71 for the tile
-  // kernel's look-back; bf16 0.82 / 0.70).
+  // 16 KB tiles in a six-slot ring over 512 consumer threads: twice the warps of 256 replay the
+  // tiles (16 x 2^22 float32 forward / backward 0.93 / 0.95 of a vector add vs 0.84 / 0.82; the
+  // tile kernel's look-back 0.69 / 0.71).
   d.ring = 0;
   // Channel groups by what measured fastest (bench/NOTES.md item 23): 16 steps of pairs for the
   // 4-byte forward (mamba-BLD 0.96 of torch.add vs 0.94 with 4 channels), 16 steps of 4 channels
