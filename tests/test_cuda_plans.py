@@ -395,3 +395,54 @@ def test_tile_kernel_configs(shape, reverse, dtype, config):
     name = _names("tile", _elem_size(dtype))[config]
     x, c, h0 = _rows(shape[0], shape[1], dtype, seed=zlib.crc32(repr((shape, reverse, str(dtype))).encode()))
     check_against_cpu_kernel(x, c, h0, -1, reverse, dtype, name, name)
+
+
+# Rows off the 16-byte grid: the tile kernel shifts each row's tiles by its phase (plan.h,
+# tile_phase_shift). (name, rows, length, layout): "contig" rows of an odd length start at every
+# phase; "sliced" is x[:, 1:] (and coeffs likewise) of a buffer one column wider; "mixed" takes
+# coeffs from aligned rows, so only x and the outputs share the row's phase; "bcast" shares one
+# coeffs row (its phase is fixed) and accumulates grad_coeffs. Lengths: several tiles, one step short
+# of a 1024-step tile, shorter than a vector, one step.
+_PHASE_CASES = [("contig", 300, 3001), ("contig", 257, 1023), ("contig", 97, 5), ("contig", 33, 1),
+                ("sliced", 200, 2050), ("mixed", 150, 4099), ("bcast", 64, 777)]
+
+
+def _phase_inputs(layout, rows, length, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def new(shape, lo=None):
+        t = torch.empty(shape, device="cuda")
+        t.normal_(generator=g) if lo is None else t.uniform_(lo, 1.0, generator=g)
+        return t.to(dtype)
+
+    if layout == "sliced":
+        x, c = new((rows, length + 1))[:, 1:], new((rows, length + 1), 0.9)[:, 1:]
+    elif layout == "mixed":
+        x, c = new((rows, length)), new((rows, (length + 7) // 8 * 8), 0.9)[:, :length]
+    elif layout == "bcast":
+        x, c = new((rows, length)), new((length,), 0.9)
+    else:
+        x, c = new((rows, length)), new((rows, length), 0.9)
+    return x, c, new((rows,))
+
+
+@pytest.mark.parametrize("config", [pytest.param(-1, id="default")] + _by_index("tile"))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
+def test_tile_kernel_phase_shift(reverse, dtype, config):
+    """Rows off the 16-byte grid, forward and backward with and without initial, against the CPU
+    kernel: every tile config by name, and the planner's default."""
+    name = None if config < 0 else _names("tile", _elem_size(dtype))[config]
+    for layout, rows, length in _PHASE_CASES:
+        x, c, h0 = _phase_inputs(layout, rows, length, dtype, seed=zlib.crc32(repr((layout, length, reverse)).encode()))
+        check_against_cpu_kernel(x, c, h0, -1, reverse, dtype, name, name)
+        check_against_cpu_kernel(x, c, None, -1, reverse, dtype, name, name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
+def test_look_back_odd_rows(reverse, dtype):
+    """Few long rows of an odd length: the shifted tiles of each row on different blocks, chained by
+    look-back (the default) and the first and last rows' phases differing."""
+    x, c, h0 = _phase_inputs("contig", 3, 2 ** 19 + 5, dtype, seed=7)
+    check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)

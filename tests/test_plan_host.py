@@ -60,3 +60,58 @@ def test_look_back_defaults(tmp_path):
         if cc == "9":  # one status entry per ring tile: 4096 float32 or 8192 16-bit steps
             assert int(chunks) == int(length) // (4096 if elem == "4" else 8192)
         assert int(chunks) > 1, "a look-back plan"
+
+
+_PHASE_PROGRAM = r"""
+#include <cstdio>
+#include "linrec/cuda/plan.h"
+using namespace linrec;
+// Prints the default H100 plan of `rows` sequences of length `len`, `pitch` elements apart, each
+// tensor's step 0 `offset` elements past a 16-byte boundary, stride `ls` along the scan.
+static void show(int elem_size, long long rows, long long len, long long pitch, int offset, int ls) {
+  ScanParams p{};
+  p.len = len; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows;
+  alignas(16) static char buf[64];
+  for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = ls; p.bstride[s][0] = pitch; }
+  for (int s : {kIn, kCoeff, kOut}) p.ptr[s] = buf + offset * elem_size;
+  const DeviceInfo dev{132, 9, 232448};
+  bool inapplicable;
+  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  std::printf("%s %d %u %lld %lld\n", config_name(plan.kind, elem_size, plan.config), plan.phase_shift ? 1 : 0,
+              plan.vec_mask, static_cast<long long>(plan.num_chunks), static_cast<long long>(plan.per_chunk));
+}
+int main() {
+  show(2, 1000, 3001, 3001, 0, 1);      // odd length: rows off the grid
+  show(2, 1000, 3008, 3008, 0, 1);      // aligned rows
+  show(2, 1000, 3000, 3001, 1, 1);      // a sliced view (x[:, 1:] of 3001 columns)
+  show(4, 1000, 1024, 2048, 0, 2);      // strided along the scan: per-step loads
+  show(4, 1000, 1023, 1023, 0, -1);     // reverse walk, odd length
+  show(2, 1000, 1023, 1023, 0, 1);      // fewer rows than two waves: a longer tile if it holds the row
+  show(2, 100000, 1023, 1023, 0, 1);    // many rows: the 1024-step tile, a second one for shifted rows
+  show(4, 16, (1 << 22) + 1, (1 << 22) + 1, 0, 1);  // few long odd rows: the tile look-back (the ring
+                                                     // and stream kernels' bulk copies need aligned rows)
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_phase_shift_plans(tmp_path):
+    """Rows whose input starts off the 16-byte grid (odd lengths, sliced views, reverse walks of odd
+    lengths) take the tile kernel shifted to each row's phase, with every unit-stride slot marked for
+    vector access and tiles covering a vector more; aligned rows and strided inputs do not shift."""
+    src = tmp_path / "phase.cpp"
+    src.write_text(_PHASE_PROGRAM)
+    exe = tmp_path / "phase"
+    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    streamed = (1 << 0) | (1 << 1) | (1 << 2)  # kIn, kCoeff, kOut
+    assert got == [
+        f"tile.e32t128 1 {streamed} 1 1",
+        f"tile.e32t128 0 {streamed} 1 1",
+        f"tile.e32t128 1 {streamed} 1 1",
+        "tile.e8t128 0 0 1 1",
+        f"tile.e16t128 1 {streamed} 1 1",
+        f"tile.e32t128 1 {streamed} 1 1",
+        f"tile.e32t32 1 {streamed} 1 2",
+        f"tile.e16t128 1 {streamed} {((1 << 22) + 1 + 3 + 2047) // 2048} 1",  # 2048-step tiles
+    ], got

@@ -50,7 +50,10 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspa
       return with_config<kNumTileConfigs>(plan.config, [&](auto i) {
         constexpr TileConfig cfg = tile_config(sizeof(T), i);
         const TileArgs args{plan.num_chunks, plan.per_chunk, plan.vec_mask, lb};
-        scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+        if (plan.phase_shift)
+          scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward, true><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+        else
+          scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward, false><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
         return cudaGetLastError();
       });
     case ScanKind::kStream:

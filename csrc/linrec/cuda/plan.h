@@ -43,6 +43,7 @@ struct ScanPlan {
   int64_t per_chunk;       // tiles (tile kernel) or spans (channel kernel) each block walks
   int64_t grid;            // blocks
   unsigned vec_mask;       // tile, stream and ring kernels: slots that take 16-byte vector accesses
+  bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles shifted per row (scan_tile_kernel)
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
   size_t workspace_bytes;  // look-back status (0 without look-back)
   size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
@@ -55,11 +56,14 @@ inline bool is_channel_layout(const ScanParams& p) {
   return p.nbatch > 0 && std::llabs(p.lstride[kOut]) > std::llabs(p.bstride[kOut][0]);
 }
 
+inline bool unit_stride(const ScanParams& p, int slot) {
+  return p.ptr[slot] && (p.lstride[slot] == 1 || p.lstride[slot] == -1);
+}
+
 // Whether every sequence of `slot` starts 16-byte aligned with unit stride along the scan.
 inline bool vectorizable(const ScanParams& p, int slot, int elem_size) {
-  if (!p.ptr[slot]) return false;
+  if (!unit_stride(p, slot)) return false;
   const int64_t ls = p.lstride[slot];
-  if (ls != 1 && ls != -1) return false;
   const int64_t vec = 16 / elem_size;
   const char* lowest = static_cast<const char*>(p.ptr[slot]) + (ls > 0 ? 0 : (p.len - 1) * ls * elem_size);
   if (reinterpret_cast<uintptr_t>(lowest) % 16 != 0) return false;
@@ -97,13 +101,22 @@ inline ScanDefaults device_defaults(const DeviceInfo& dev, int elem_size, bool b
                            : defaults_generic(elem_size, backward, group_width);
 }
 
-// Slots the tile, stream and ring kernels may access with 16-byte vectors.
-inline unsigned vector_slots(const ScanParams& p, int elem_size) {
+// Slots the tile, stream and ring kernels may access with 16-byte vectors (`aligned`: in every
+// sequence from step 0; else where their phase is the sequence's, see scan_tile_kernel's kPhaseShift).
+inline unsigned vector_slots(const ScanParams& p, int elem_size, bool aligned = true) {
   unsigned mask = 0;
   for (int s = 0; s < kNumSlots; ++s)
-    if (!is_batch_slot(s) && !(s == kGradCoeff && p.accumulate_grad_coeff) && vectorizable(p, s, elem_size))
+    if (!is_batch_slot(s) && !(s == kGradCoeff && p.accumulate_grad_coeff) &&
+        (aligned ? vectorizable(p, s, elem_size) : unit_stride(p, s)))
       mask |= 1u << s;
   return mask;
+}
+
+// Whether the tile kernel shifts each row's tiles to the row's 16-byte phase: the input has unit
+// stride but some row starts off the grid (an odd length, a sliced view). Per-step loads there
+// touch a sector per lane and step (fp16 1000 x 3001 ran at 0.18 of torch.add, bench/NOTES.md 45).
+inline bool tile_phase_shift(const ScanParams& p, int elem_size) {
+  return unit_stride(p, kIn) && !vectorizable(p, kIn, elem_size);
 }
 
 // Whether config `index` of `kind` can run this problem on this device (correctness, not speed).
@@ -143,10 +156,15 @@ inline std::string applicable_config_names(const ScanParams& p, int elem_size, c
 
 inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config,
                       int lookback_default) {
-  const int64_t L = p.len;
+  plan.phase_shift = tile_phase_shift(p, elem_size);
+  if (plan.phase_shift) plan.vec_mask = vector_slots(p, elem_size, /*aligned=*/false);
+  // The steps the tiles cover: a shifted row starts up to a vector minus one step early (the
+  // tile is still chosen by the row's length: a second, near-empty tile costs less than threads
+  // left idle in a tile four times longer).
+  const int64_t L = p.len + (plan.phase_shift ? 16 / elem_size - 1 : 0);
   int by_length = kNumSizeTileConfigs - 1;
   for (int i = 0; i < kNumSizeTileConfigs; ++i)
-    if (tile_config(elem_size, i).tile() >= L) {
+    if (tile_config(elem_size, i).tile() >= p.len) {
       by_length = i;
       break;
     }
@@ -178,6 +196,8 @@ inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int 
   const StreamConfig cfg = stream_config(elem_size, config);
   plan.kind = ScanKind::kStream;
   plan.config = config;
+  plan.phase_shift = false;
+  plan.vec_mask = vector_slots(p, elem_size);
   plan.grid = p.num_seq;
   plan.num_chunks = ceil_div(p.len, cfg.tile());
   plan.per_chunk = plan.num_chunks;
@@ -191,6 +211,8 @@ inline void plan_ring(ScanPlan& plan, const ScanParams& p, int elem_size, const 
   const RingConfig cfg = ring_config(elem_size, config);
   plan.kind = ScanKind::kRing;
   plan.config = config;
+  plan.phase_shift = false;
+  plan.vec_mask = vector_slots(p, elem_size);
   plan.num_chunks = ceil_div(p.len, cfg.tile());
   plan.per_chunk = 1;
   plan.grid = std::min<int64_t>(int64_t(dev.num_sms) * cfg.blocks, p.num_seq * plan.num_chunks);

@@ -16,17 +16,42 @@ namespace linrec {
 struct TileArgs {
   int64_t num_chunks;       // blocks per sequence (look-back when > 1)
   int64_t tiles_per_chunk;  // tiles scanned one after the other by a block
-  unsigned vec_mask;        // bit s: slot s takes 16-byte vector accesses
+  unsigned vec_mask;        // bit s: slot s takes 16-byte vector accesses (kPhaseShift: where its
+                            // phase is the row's)
   LookbackState lb;
 };
 
-// Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); out of range steps get `fill`.
+// Which of a thread's E steps tf .. tf+E-1 lie in the sequence [0, L): [lo, hi). Only the first
+// thread of a tile shifted back by its row's phase (kPhaseShift) can have lo > 0.
+struct StepSpan {
+  int lo, hi;
+  __device__ __forceinline__ bool full(int E) const { return lo == 0 && hi == E; }
+  __device__ __forceinline__ bool has(int i) const { return i >= lo && i < hi; }
+};
+template <int E, bool kPhaseShift = false>
+__device__ __forceinline__ StepSpan step_span(int64_t tf, int64_t L) {
+  const int lo = !kPhaseShift || tf >= 0 ? 0 : (-tf < E ? static_cast<int>(-tf) : E);
+  const int hi = L - tf <= 0 ? 0 : (L - tf < E ? static_cast<int>(L - tf) : E);
+  return {lo, hi};
+}
+
+// A row's phase for 16-byte vectors: the steps by which its tiles must start earlier so that every
+// thread's E steps are whole aligned vectors (forward walk: step t at base + t, aligned when t +
+// phase is a multiple of the vector; reverse walk: base - t, the run read from its last step).
+template <typename T>
+__device__ __forceinline__ int vector_phase(const T* base, int64_t ls) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int m = static_cast<int>(reinterpret_cast<uintptr_t>(base) % 16 / sizeof(T));
+  return ls > 0 ? m : kVec - 1 - m;
+}
+
+// Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); steps outside `r` get `fill`.
 template <typename T, int E>
-__device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, int nv, bool vec, float fill,
+__device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec, float fill,
                                            float (&out)[E]) {
   constexpr int kVec = 16 / sizeof(T);
   static_assert(E % kVec == 0, "E must be a multiple of the 16-byte vector width");
-  if (vec && nv == E) {
+  if (vec && r.full(E)) {
     union {
       uint4 u[E / kVec];
       T t[E];
@@ -44,13 +69,14 @@ __device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf
     return;
   }
 #pragma unroll
-  for (int i = 0; i < E; ++i) out[i] = i < nv ? to_float(base[(tf + i) * ls]) : fill;
+  for (int i = 0; i < E; ++i) out[i] = r.has(i) ? to_float(base[(tf + i) * ls]) : fill;
 }
 
 template <typename T, int E>
-__device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, int nv, bool vec, const float (&v)[E]) {
+__device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, StepSpan r, bool vec,
+                                            const float (&v)[E]) {
   constexpr int kVec = 16 / sizeof(T);
-  if (vec && nv == E) {
+  if (vec && r.full(E)) {
     union {
       uint4 u[E / kVec];
       T t[E];
@@ -69,7 +95,7 @@ __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, int
   }
 #pragma unroll
   for (int i = 0; i < E; ++i)
-    if (i < nv) base[(tf + i) * ls] = from_float<T>(v[i]);
+    if (r.has(i)) base[(tf + i) * ls] = from_float<T>(v[i]);
 }
 
 // Prefix callback of cub::BlockScan, run by warp 0: returns the state before the tile and
@@ -125,57 +151,75 @@ struct SeqTensors {
   }
 };
 
-// Backward operands of a thread's steps tf .. tf+nv-1: step t uses c[t-1] (the coefficient
-// one step further along the forward scan) and y[t+1] (the forward state before step t;
-// `initial` past the end). `c` and `yn` hold c[t] and y[t] on entry; `c_before` is c[tf-1]
-// and `y_after` is y[tf+E] (each used only where it exists).
-template <int E>
-__device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&yn)[E], float c_before, float y_after,
-                                                        int64_t tf, int nv, int64_t L, float init) {
-#pragma unroll
-  for (int i = E - 1; i > 0; --i) c[i] = i < nv ? c[i - 1] : 1.f;
-  c[0] = nv > 0 ? (tf > 0 ? c_before : 0.f) : 1.f;
-#pragma unroll
-  for (int i = 0; i < E - 1; ++i) yn[i] = (i + 1 < nv) ? yn[i + 1] : (tf + i + 1 == L ? init : 0.f);
-  yn[E - 1] = (nv == E) ? (tf + E < L ? y_after : init) : yn[E - 1];
+// The slots of `vm` whose phase (vector_phase) in this row is `phase`: those take vector accesses.
+template <typename T>
+__device__ __forceinline__ unsigned row_vector_slots(const SeqTensors<T>& s, unsigned vm, int phase) {
+  unsigned out = 0;
+  const auto keep = [&](int slot, const T* base, int64_t ls) {
+    if ((vm >> slot & 1) && vector_phase<T>(base, ls) == phase) out |= 1u << slot;
+  };
+  keep(kIn, s.in, s.ls_in);
+  keep(kCoeff, s.cf, s.ls_c);
+  keep(kOut, s.y, s.ls_y);
+  keep(kGradIn, s.dx, s.ls_dx);
+  if (!s.dc_acc) keep(kGradCoeff, s.dc, s.ls_dc);
+  return out;
 }
 
-// Loads a thread's operands for steps tf .. tf+nv-1 straight from global memory; thread i of
+// Backward operands of a thread's steps in `r`: step t uses c[t-1] (the coefficient one step
+// further along the forward scan) and y[t+1] (the forward state before step t; `initial` past the
+// end). `c` and `yn` hold c[t] and y[t] on entry (1 and 0 outside `r`); `c_before` is c[tf-1] and
+// `y_after` is y[tf+E] (each used only where it exists). Steps before `r` (a shifted tile's first
+// thread) see c = 1 and x = 0 from a zero state: they stay zero, whatever step 0 then takes as c.
+template <int E>
+__device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&yn)[E], float c_before, float y_after,
+                                                        int64_t tf, StepSpan r, int64_t L, float init) {
+#pragma unroll
+  for (int i = E - 1; i > 0; --i) c[i] = i < r.hi ? c[i - 1] : 1.f;
+  c[0] = r.hi > 0 ? (tf > 0 ? c_before : 0.f) : 1.f;
+#pragma unroll
+  for (int i = 0; i < E - 1; ++i) yn[i] = (i + 1 < r.hi) ? yn[i + 1] : (tf + i + 1 == L ? init : 0.f);
+  yn[E - 1] = (r.hi == E) ? (tf + E < L ? y_after : init) : yn[E - 1];
+}
+
+// Loads a thread's operands for its steps in `r` straight from global memory; thread i of
 // the block holds the E steps after thread i-1's. The backward's c[tf-1] and y[tf+E] are the
 // neighbouring lanes' end values (shuffles): only the lanes at a warp's edges load them from
 // global memory, where every lane used to (one sector per lane and load).
 template <typename T, int E, int NT, bool kBackward>
-__device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
-                                                 float (&v)[E], float (&c)[E], float (&yn)[E]) {
-  load_steps<T, E>(s.in, s.ls_in, tf, nv, vm >> kIn & 1, 0.f, v);
-  load_steps<T, E>(s.cf, s.ls_c, tf, nv, vm >> kCoeff & 1, 1.f, c);
+__device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
+                                                 unsigned vm, float (&v)[E], float (&c)[E], float (&yn)[E]) {
+  load_steps<T, E>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
+  load_steps<T, E>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, 1.f, c);
   if constexpr (kBackward) {
-    load_steps<T, E>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, 0.f, yn);
+    load_steps<T, E>(s.y, s.ls_y, tf, r, vm >> kOut & 1, 0.f, yn);
     constexpr int kWidth = NT < 32 ? NT : 32;  // a power of two
     constexpr unsigned kMask = kWidth == 32 ? 0xffffffffu : (1u << kWidth) - 1;
     const int lane = threadIdx.x & (kWidth - 1);
-    // A lane with steps has a predecessor lane with all E (c[E-1] loaded), and a lane with all E
-    // steps whose successor exists in the sequence has a successor with steps (yn[0] loaded).
+    // A lane with steps after step 0 has a predecessor lane holding its step before (c[E-1]
+    // loaded), and a lane holding its last step whose successor step exists has a successor lane
+    // holding that step (yn[0] loaded).
     const float c_prev = __shfl_up_sync(kMask, c[E - 1], 1, kWidth);
     const float y_next = __shfl_down_sync(kMask, yn[0], 1, kWidth);
     float c_before = 0.f, y_after = 0.f;
-    if (nv > 0 && tf > 0) c_before = lane > 0 ? c_prev : to_float(s.cf[(tf - 1) * s.ls_c]);
-    if (nv == E && tf + E < L) y_after = lane < kWidth - 1 ? y_next : to_float(s.y[(tf + E) * s.ls_y]);
-    shift_backward_operands<E>(c, yn, c_before, y_after, tf, nv, L, s.init);
+    if (r.hi > 0 && tf > 0) c_before = lane > 0 ? c_prev : to_float(s.cf[(tf - 1) * s.ls_c]);
+    if (r.hi == E && tf + E < L) y_after = lane < kWidth - 1 ? y_next : to_float(s.y[(tf + E) * s.ls_y]);
+    shift_backward_operands<E>(c, yn, c_before, y_after, tf, r, L, s.init);
   }
 }
 
 // Replays a thread's steps from the state `h` before them: v becomes the states (the
 // forward's y, the backward's dx) and, in the backward, yn (the shifted y) becomes dc = dx * yn.
-// Returns the state after the thread's last valid step.
+// Returns the state after the thread's last step in `r`.
 template <int E, bool kBackward>
-__device__ __forceinline__ float replay_steps(float h, int nv, float (&v)[E], const float (&c)[E], float (&yn)[E]) {
+__device__ __forceinline__ float replay_steps(float h, StepSpan r, float (&v)[E], const float (&c)[E],
+                                              float (&yn)[E]) {
   float h_last = 0.f;
 #pragma unroll
   for (int i = 0; i < E; ++i) {
     h = fmaf(c[i], h, v[i]);
     v[i] = h;
-    if (i < nv) h_last = h;
+    if (i < r.hi) h_last = h;
   }
   if constexpr (kBackward) {
 #pragma unroll
@@ -187,15 +231,15 @@ __device__ __forceinline__ float replay_steps(float h, int nv, float (&v)[E], co
 // Stores a thread's outputs after replay_steps (backward: `yn` holds dc) except the slots in
 // `skip` (staged for a bulk store by the caller).
 template <typename T, int E, bool kBackward>
-__device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
+__device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r, unsigned vm,
                                               unsigned skip, float h_last, const float (&v)[E], const float (&yn)[E]) {
   if constexpr (!kBackward) {
-    if (!(skip >> kOut & 1)) store_steps<T, E>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, v);
+    if (!(skip >> kOut & 1)) store_steps<T, E>(s.y, s.ls_y, tf, r, vm >> kOut & 1, v);
   } else {
-    if (!(skip >> kGradIn & 1)) store_steps<T, E>(s.dx, s.ls_dx, tf, nv, vm >> kGradIn & 1, v);
-    if (s.dc_acc) accumulate_steps<E>(s.dc_acc, s.ls_dc, tf, nv, yn, /*warp_uniform_address=*/true);
-    else if (!(skip >> kGradCoeff & 1)) store_steps<T, E>(s.dc, s.ls_dc, tf, nv, vm >> kGradCoeff & 1, yn);
-    if (nv > 0 && tf + nv == L)  // this thread holds the last step: d initial = c[L-1] * g[L-1]
+    if (!(skip >> kGradIn & 1)) store_steps<T, E>(s.dx, s.ls_dx, tf, r, vm >> kGradIn & 1, v);
+    if (s.dc_acc) accumulate_steps<E>(s.dc_acc, s.ls_dc, tf, r.lo, r.hi, yn, /*warp_uniform_address=*/true);
+    else if (!(skip >> kGradCoeff & 1)) store_steps<T, E>(s.dc, s.ls_dc, tf, r, vm >> kGradCoeff & 1, yn);
+    if (r.hi > r.lo && tf + r.hi == L)  // this thread holds the last step: d initial = c[L-1] * g[L-1]
       *s.dh0 = from_float<T>(to_float(s.cf[(L - 1) * s.ls_c]) * h_last);
   }
 }
@@ -204,10 +248,11 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
 // (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
 // many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
 template <typename T, int E, bool kBackward>
-__device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
-                                                 float h, float (&v)[E], const float (&c)[E], float (&yn)[E]) {
-  const float h_last = replay_steps<E, kBackward>(h, nv, v, c, yn);
-  store_outputs<T, E, kBackward>(s, L, tf, nv, vm, 0u, h_last, v, yn);
+__device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
+                                                 unsigned vm, float h, float (&v)[E], const float (&c)[E],
+                                                 float (&yn)[E]) {
+  const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
+  store_outputs<T, E, kBackward>(s, L, tf, r, vm, 0u, h_last, v, yn);
 }
 
 // The affine map of a thread's E steps.
@@ -225,11 +270,11 @@ __device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const float 
 template <typename T, int E, int NT, bool kBackward>
 __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
                                                     TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
-                                                    int nv, unsigned vm, float (&v)[E], const float (&c)[E],
+                                                    StepSpan r, unsigned vm, float (&v)[E], const float (&c)[E],
                                                     float (&yn)[E]) {
   Affine prefix;
   cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
-  replay_and_store<T, E, kBackward>(s, L, tf, nv, vm, prefix.b, v, c, yn);
+  replay_and_store<T, E, kBackward>(s, L, tf, r, vm, prefix.b, v, c, yn);
 }
 
 // One block per sequence (all its tiles, one after the other) or, with look-back
@@ -239,7 +284,10 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // fwd+bwd fell from 1.00 to 0.92 on the H100). 32 steps per thread: 128 registers, a few spilled
 // words outside the step loops, for a third more warps per SM than at ~154 registers, which is
 // faster (bench/NOTES.md item 38). 16 steps per thread: the minimum of one block.
-template <typename T, int E, int NT, bool kBackward>
+// kPhaseShift: rows start off the 16-byte grid (odd lengths, sliced views); each block shifts its
+// tiles `phase` steps before its row, so that all but the first thread's steps are whole aligned
+// vectors in every slot of the row's phase (tiles_per_chunk and num_chunks cover a vector more).
+template <typename T, int E, int NT, bool kBackward, bool kPhaseShift>
 __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 512 / NT : 1) : 0)
     scan_tile_kernel(const ScanParams p, const TileArgs args) {
   constexpr int kTile = E * NT;
@@ -257,18 +305,19 @@ __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 5
   __syncthreads();
   const SeqTensors<T> s(p, s_off);
   const int64_t L = p.len;
-  const unsigned vm = args.vec_mask;
+  const int phase = kPhaseShift ? vector_phase<T>(s.in, s.ls_in) : 0;
+  const unsigned vm = kPhaseShift ? row_vector_slots(s, args.vec_mask, phase) : args.vec_mask;
 
   TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
-  const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile;
+  const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile - phase;
   for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
     const int64_t t0 = chunk_t0 + tile * kTile;
     if (t0 >= L) break;
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-    const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+    const StepSpan r = step_span<E, kPhaseShift>(tf, L);
     float v[E], c[E], yn[E];
-    load_tile_global<T, E, NT, kBackward>(s, L, tf, nv, vm, v, c, yn);
-    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, nv, vm, v, c, yn);
+    load_tile_global<T, E, NT, kBackward>(s, L, tf, r, vm, v, c, yn);
+    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
     __syncthreads();  // scan_storage is reused by the next tile
   }
 }
