@@ -45,26 +45,40 @@ __device__ __forceinline__ int vector_phase(const T* base, int64_t ls) {
   return ls > 0 ? m : kVec - 1 - m;
 }
 
-// Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); steps outside `r` get `fill`.
+// A thread's E steps as E / kVec 16-byte vectors, in memory order (walk order reversed when ls < 0).
 template <typename T, int E>
+union StepVectors {
+  static constexpr int kVec = 16 / sizeof(T);
+  uint4 u[E / kVec];
+  T t[E];
+  // The lowest walk index among the steps of memory vector k, the vector holding those kVec steps.
+  static __device__ __forceinline__ int first_step(int k, bool rev) { return rev ? E - (k + 1) * kVec : k * kVec; }
+};
+
+// Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); steps outside `r` get `fill`.
+// `vec`: 16-byte vectors where `r` is full. kEdgeVectors: for a partial run too (a row's first or
+// last thread), the vectors holding a step of `r` loaded whole (their 16 bytes lie within the
+// tensor's aligned allocation) and the rest filled; else one load per step there (fewer registers).
+template <typename T, int E, bool kEdgeVectors = false>
 __device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec, float fill,
                                            float (&out)[E]) {
-  constexpr int kVec = 16 / sizeof(T);
-  static_assert(E % kVec == 0, "E must be a multiple of the 16-byte vector width");
-  if (vec && r.full(E)) {
-    union {
-      uint4 u[E / kVec];
-      T t[E];
-    } buf;
+  using V = StepVectors<T, E>;
+  static_assert(E % V::kVec == 0, "E must be a multiple of the 16-byte vector width");
+  if (vec && (kEdgeVectors || r.full(E))) {
+    V buf;
     const uint4* src = reinterpret_cast<const uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
+    const bool full = !kEdgeVectors || r.full(E);
 #pragma unroll
-    for (int k = 0; k < E / kVec; ++k) buf.u[k] = src[k];
+    for (int k = 0; k < E / V::kVec; ++k) {
+      const int w = V::first_step(k, ls < 0);
+      buf.u[k] = full || (w < r.hi && w + V::kVec > r.lo) ? src[k] : make_uint4(0u, 0u, 0u, 0u);
+    }
     if (ls > 0) {
 #pragma unroll
-      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[i]);
+      for (int i = 0; i < E; ++i) out[i] = full || r.has(i) ? to_float(buf.t[i]) : fill;
     } else {
 #pragma unroll
-      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[E - 1 - i]);
+      for (int i = 0; i < E; ++i) out[i] = full || r.has(i) ? to_float(buf.t[E - 1 - i]) : fill;
     }
     return;
   }
@@ -72,15 +86,14 @@ __device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf
   for (int i = 0; i < E; ++i) out[i] = r.has(i) ? to_float(base[(tf + i) * ls]) : fill;
 }
 
-template <typename T, int E>
+// Stores the steps of `r` (as load_steps; kEdgeVectors: whole vectors where `r` covers them, single
+// elements at its edges).
+template <typename T, int E, bool kEdgeVectors = false>
 __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, StepSpan r, bool vec,
                                             const float (&v)[E]) {
-  constexpr int kVec = 16 / sizeof(T);
-  if (vec && r.full(E)) {
-    union {
-      uint4 u[E / kVec];
-      T t[E];
-    } buf;
+  using V = StepVectors<T, E>;
+  if (vec && (kEdgeVectors || r.full(E))) {
+    V buf;
     if (ls > 0) {
 #pragma unroll
       for (int i = 0; i < E; ++i) buf.t[i] = from_float<T>(v[i]);
@@ -89,8 +102,23 @@ __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, Ste
       for (int i = 0; i < E; ++i) buf.t[E - 1 - i] = from_float<T>(v[i]);
     }
     uint4* dst = reinterpret_cast<uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
+    if (!kEdgeVectors || r.full(E)) {
 #pragma unroll
-    for (int k = 0; k < E / kVec; ++k) dst[k] = buf.u[k];
+      for (int k = 0; k < E / V::kVec; ++k) dst[k] = buf.u[k];
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < E / V::kVec; ++k) {
+      const int w = V::first_step(k, ls < 0);
+      if (w >= r.lo && w + V::kVec <= r.hi) {
+        dst[k] = buf.u[k];
+      } else if (w < r.hi && w + V::kVec > r.lo) {
+#pragma unroll
+        for (int j = 0; j < V::kVec; ++j)  // element j of the vector is walk step w + j (reversed: from the end)
+          if (r.has(ls > 0 ? w + j : w + V::kVec - 1 - j))
+            reinterpret_cast<T*>(dst)[k * V::kVec + j] = buf.t[k * V::kVec + j];
+      }
+    }
     return;
   }
 #pragma unroll
@@ -186,13 +214,13 @@ __device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&y
 // the block holds the E steps after thread i-1's. The backward's c[tf-1] and y[tf+E] are the
 // neighbouring lanes' end values (shuffles): only the lanes at a warp's edges load them from
 // global memory, where every lane used to (one sector per lane and load).
-template <typename T, int E, int NT, bool kBackward>
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false>
 __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float (&v)[E], float (&c)[E], float (&yn)[E]) {
-  load_steps<T, E>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
-  load_steps<T, E>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, 1.f, c);
+  load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
+  load_steps<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, 1.f, c);
   if constexpr (kBackward) {
-    load_steps<T, E>(s.y, s.ls_y, tf, r, vm >> kOut & 1, 0.f, yn);
+    load_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, 0.f, yn);
     constexpr int kWidth = NT < 32 ? NT : 32;  // a power of two
     constexpr unsigned kMask = kWidth == 32 ? 0xffffffffu : (1u << kWidth) - 1;
     const int lane = threadIdx.x & (kWidth - 1);
@@ -230,15 +258,16 @@ __device__ __forceinline__ float replay_steps(float h, StepSpan r, float (&v)[E]
 
 // Stores a thread's outputs after replay_steps (backward: `yn` holds dc) except the slots in
 // `skip` (staged for a bulk store by the caller).
-template <typename T, int E, bool kBackward>
+template <typename T, int E, bool kBackward, bool kEdgeVectors = false>
 __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r, unsigned vm,
                                               unsigned skip, float h_last, const float (&v)[E], const float (&yn)[E]) {
   if constexpr (!kBackward) {
-    if (!(skip >> kOut & 1)) store_steps<T, E>(s.y, s.ls_y, tf, r, vm >> kOut & 1, v);
+    if (!(skip >> kOut & 1)) store_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, v);
   } else {
-    if (!(skip >> kGradIn & 1)) store_steps<T, E>(s.dx, s.ls_dx, tf, r, vm >> kGradIn & 1, v);
+    if (!(skip >> kGradIn & 1)) store_steps<T, E, kEdgeVectors>(s.dx, s.ls_dx, tf, r, vm >> kGradIn & 1, v);
     if (s.dc_acc) accumulate_steps<E>(s.dc_acc, s.ls_dc, tf, r.lo, r.hi, yn, /*warp_uniform_address=*/true);
-    else if (!(skip >> kGradCoeff & 1)) store_steps<T, E>(s.dc, s.ls_dc, tf, r, vm >> kGradCoeff & 1, yn);
+    else if (!(skip >> kGradCoeff & 1))
+      store_steps<T, E, kEdgeVectors>(s.dc, s.ls_dc, tf, r, vm >> kGradCoeff & 1, yn);
     if (r.hi > r.lo && tf + r.hi == L)  // this thread holds the last step: d initial = c[L-1] * g[L-1]
       *s.dh0 = from_float<T>(to_float(s.cf[(L - 1) * s.ls_c]) * h_last);
   }
@@ -247,12 +276,12 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
 // Replays a thread's steps from the state `h` before them and stores the outputs.
 // (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
 // many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
-template <typename T, int E, bool kBackward>
+template <typename T, int E, bool kBackward, bool kEdgeVectors>
 __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float h, float (&v)[E], const float (&c)[E],
                                                  float (&yn)[E]) {
   const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
-  store_outputs<T, E, kBackward>(s, L, tf, r, vm, 0u, h_last, v, yn);
+  store_outputs<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, 0u, h_last, v, yn);
 }
 
 // The affine map of a thread's E steps.
@@ -267,14 +296,14 @@ __device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const float 
 // Scans a tile whose operands are in registers: each thread reduces its E steps to one
 // affine map, cub::BlockScan (with `carry` as prefix callback) gives its exclusive prefix,
 // and the thread replays its steps from there and stores them.
-template <typename T, int E, int NT, bool kBackward>
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors>
 __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
                                                     TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
                                                     StepSpan r, unsigned vm, float (&v)[E], const float (&c)[E],
                                                     float (&yn)[E]) {
   Affine prefix;
   cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
-  replay_and_store<T, E, kBackward>(s, L, tf, r, vm, prefix.b, v, c, yn);
+  replay_and_store<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, prefix.b, v, c, yn);
 }
 
 // One block per sequence (all its tiles, one after the other) or, with look-back
@@ -306,6 +335,9 @@ __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 5
   const SeqTensors<T> s(p, s_off);
   const int64_t L = p.len;
   const int phase = kPhaseShift ? vector_phase<T>(s.in, s.ls_in) : 0;
+  // A shifted row's first thread (and any row's last) holds a partial run: whole vectors there too,
+  // except in the 2-byte 32-step backward, at its register cap (they spill 180-220 bytes there).
+  constexpr bool kEdgeVectors = kPhaseShift && !(kBackward && sizeof(T) == 2 && E == 32);
   const unsigned vm = kPhaseShift ? row_vector_slots(s, args.vec_mask, phase) : args.vec_mask;
 
   TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
@@ -316,8 +348,8 @@ __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 5
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
     const StepSpan r = step_span<E, kPhaseShift>(tf, L);
     float v[E], c[E], yn[E];
-    load_tile_global<T, E, NT, kBackward>(s, L, tf, r, vm, v, c, yn);
-    scan_tile_registers<T, E, NT, kBackward>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
+    load_tile_global<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
+    scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
     __syncthreads();  // scan_storage is reused by the next tile
   }
 }
