@@ -57,8 +57,10 @@ union StepVectors {
 
 // Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); steps outside `r` get `fill`.
 // `vec`: 16-byte vectors where `r` is full. kEdgeVectors: for a partial run too (a row's first or
-// last thread), the vectors holding a step of `r` loaded whole (their 16 bytes lie within the
-// tensor's aligned allocation) and the rest filled; else one load per step there (fewer registers).
+// last thread), with the same instructions: the vectors holding a step of `r` are loaded whole
+// (their 16 bytes lie within the tensor's 16-byte aligned allocation), the others read as zeros,
+// and steps outside `r` hold whatever the vectors held (the caller neutralizes those before `r`,
+// see load_tile_global; those after it reach no output).
 template <typename T, int E, bool kEdgeVectors = false>
 __device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec, float fill,
                                            float (&out)[E]) {
@@ -67,18 +69,17 @@ __device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf
   if (vec && (kEdgeVectors || r.full(E))) {
     V buf;
     const uint4* src = reinterpret_cast<const uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
-    const bool full = !kEdgeVectors || r.full(E);
 #pragma unroll
     for (int k = 0; k < E / V::kVec; ++k) {
       const int w = V::first_step(k, ls < 0);
-      buf.u[k] = full || (w < r.hi && w + V::kVec > r.lo) ? src[k] : make_uint4(0u, 0u, 0u, 0u);
+      buf.u[k] = !kEdgeVectors || (w < r.hi && w + V::kVec > r.lo) ? src[k] : make_uint4(0u, 0u, 0u, 0u);
     }
     if (ls > 0) {
 #pragma unroll
-      for (int i = 0; i < E; ++i) out[i] = full || r.has(i) ? to_float(buf.t[i]) : fill;
+      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[i]);
     } else {
 #pragma unroll
-      for (int i = 0; i < E; ++i) out[i] = full || r.has(i) ? to_float(buf.t[E - 1 - i]) : fill;
+      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[E - 1 - i]);
     }
     return;
   }
@@ -234,6 +235,17 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
     if (r.hi == E && tf + E < L) y_after = lane < kWidth - 1 ? y_next : to_float(s.y[(tf + E) * s.ls_y]);
     shift_backward_operands<E>(c, yn, c_before, y_after, tf, r, L, s.init);
   }
+  if constexpr (kEdgeVectors) {
+    // Steps before the row (a shifted row's first thread) hold other data: make them identities,
+    // and the backward's coefficient of step 0 too (it multiplies a zero state; it could be inf).
+    if (r.lo > 0) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        if (i < r.lo) v[i] = 0.f;
+        if (i < r.lo + (kBackward ? 1 : 0)) c[i] = 1.f;
+      }
+    }
+  }
 }
 
 // Replays a thread's steps from the state `h` before them: v becomes the states (the
@@ -335,9 +347,11 @@ __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 5
   const SeqTensors<T> s(p, s_off);
   const int64_t L = p.len;
   const int phase = kPhaseShift ? vector_phase<T>(s.in, s.ls_in) : 0;
-  // A shifted row's first thread (and any row's last) holds a partial run: whole vectors there too,
-  // except in the 2-byte 32-step backward, at its register cap (they spill 180-220 bytes there).
-  constexpr bool kEdgeVectors = kPhaseShift && !(kBackward && sizeof(T) == 2 && E == 32);
+  // A shifted row's first thread and a row's last thread hold partial runs: vector accesses there
+  // too where one load per step would cost most (16 or 32 per operand and thread); not in the
+  // 2-byte 32-step backward, at its register cap, nor for aligned 4-byte rows (their 8-step
+  // forward would take 54 registers instead of 46: fewer blocks per SM).
+  constexpr bool kEdgeVectors = (kPhaseShift || sizeof(T) == 2) && !(kBackward && sizeof(T) == 2 && E == 32);
   const unsigned vm = kPhaseShift ? row_vector_slots(s, args.vec_mask, phase) : args.vec_mask;
 
   TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
