@@ -43,7 +43,7 @@ struct ScanPlan {
   int64_t per_chunk;       // tiles (tile kernel) or spans (channel kernel) each block walks
   int64_t grid;            // blocks
   unsigned vec_mask;       // tile, stream and ring kernels: slots that take 16-byte vector accesses
-  bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles shifted per row (scan_tile_kernel)
+  bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles after each row's head (scan_tile_kernel)
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
   size_t workspace_bytes;  // look-back status (0 without look-back)
   size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
@@ -112,9 +112,10 @@ inline unsigned vector_slots(const ScanParams& p, int elem_size, bool aligned = 
   return mask;
 }
 
-// Whether the tile kernel shifts each row's tiles to the row's 16-byte phase: the input has unit
-// stride but some row starts off the grid (an odd length, a sliced view). Per-step loads there
-// touch a sector per lane and step (fp16 1000 x 3001 ran at 0.18 of torch.add, bench/NOTES.md 45).
+// Whether the tile kernel starts each row's tiles after the row's head, its steps before the 16-byte
+// grid: the input has unit stride but some row starts off the grid (an odd length, a sliced view).
+// Per-step loads there touch a sector per lane and step (fp16 1000 x 3001 ran at 0.18 of
+// torch.add, bench/NOTES.md 45).
 inline bool tile_phase_shift(const ScanParams& p, int elem_size) {
   return unit_stride(p, kIn) && !vectorizable(p, kIn, elem_size);
 }
@@ -158,13 +159,10 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
                       int lookback_default) {
   plan.phase_shift = tile_phase_shift(p, elem_size);
   if (plan.phase_shift) plan.vec_mask = vector_slots(p, elem_size, /*aligned=*/false);
-  // The steps the tiles cover: a shifted row starts up to a vector minus one step early (the
-  // tile is still chosen by the row's length: a second, near-empty tile costs less than threads
-  // left idle in a tile four times longer).
-  const int64_t L = p.len + (plan.phase_shift ? 16 / elem_size - 1 : 0);
+  const int64_t L = p.len;
   int by_length = kNumSizeTileConfigs - 1;
   for (int i = 0; i < kNumSizeTileConfigs; ++i)
-    if (tile_config(elem_size, i).tile() >= p.len) {
+    if (tile_config(elem_size, i).tile() >= L) {
       by_length = i;
       break;
     }
