@@ -68,9 +68,10 @@ _PHASE_PROGRAM = r"""
 using namespace linrec;
 // Prints the default H100 plan of `rows` sequences of length `len`, `pitch` elements apart, each
 // tensor's step 0 `offset` elements past a 16-byte boundary, stride `ls` along the scan.
-static void show(int elem_size, long long rows, long long len, long long pitch, int offset, int ls) {
+static void show(int elem_size, long long rows, long long len, long long pitch, int offset, int ls,
+                 bool backward = false) {
   ScanParams p{};
-  p.len = len; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows;
+  p.len = len; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows; p.backward = backward;
   alignas(16) static char buf[64];
   for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = ls; p.bstride[s][0] = pitch; }
   for (int s : {kIn, kCoeff, kOut}) p.ptr[s] = buf + offset * elem_size;
@@ -88,6 +89,9 @@ int main() {
   show(4, 1000, 1023, 1023, 0, -1);     // reverse walk, odd length
   show(2, 1000, 1023, 1023, 0, 1);      // a row with its head fits the 1024-step tile
   show(2, 100000, 1023, 1023, 0, 1);
+  show(2, 100000, 1023, 1023, 0, 1, true);  // its backward: 16 steps per thread, no per-step edges
+  show(2, 100000, 1000, 1000, 0, 1, true);  // aligned, but a partial run at the end
+  show(2, 100000, 1024, 1024, 0, 1, true);  // aligned whole runs: 32 steps per thread
   show(4, 16, (1 << 22) + 1, (1 << 22) + 1, 0, 1);  // few long odd rows: the tile look-back (the ring
                                                      // and stream kernels' bulk copies need aligned rows)
 }
@@ -113,5 +117,8 @@ def test_phase_shift_plans(tmp_path):
         f"tile.e8t128 1 {streamed} 1 1",
         f"tile.e32t32 1 {streamed} 1 1",
         f"tile.e32t32 1 {streamed} 1 1",
+        f"tile.e16t64 1 {streamed} 1 1",
+        f"tile.e16t64 0 {streamed} 1 1",
+        f"tile.e32t32 0 {streamed} 1 1",
         f"tile.e16t128 1 {streamed} {((1 << 22) + 1 + 2047) // 2048} 1",  # 2048-step tiles
     ], got

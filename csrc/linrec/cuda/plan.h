@@ -155,6 +155,11 @@ inline std::string applicable_config_names(const ScanParams& p, int elem_size, c
   return out;
 }
 
+// The 2-byte tile configs of 1024 steps (configs.h): 32 steps x 32 threads, 16 x 64.
+constexpr int kTile2B32x32 = 1, kTile2B16x64 = 4;
+static_assert(kTileConfigs2B[kTile2B32x32].elems == 32 && kTileConfigs2B[kTile2B32x32].threads == 32 &&
+              kTileConfigs2B[kTile2B16x64].elems == 16 && kTileConfigs2B[kTile2B16x64].threads == 64);
+
 inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config,
                       int lookback_default) {
   plan.phase_shift = tile_phase_shift(p, elem_size);
@@ -178,6 +183,13 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
     // Enough sequences for two waves of blocks: a block walks all tiles of a sequence, the other
     // resident blocks hide its latency.
     plan.config = config >= 0 ? config : by_length;
+    // The 2-byte 32-step backward loads a partial run per step (its registers are capped, see
+    // scan_tile_kernel): rows with one (off the grid, or of a length not a multiple of 32) take the
+    // 16-step config of the same 1024-step tile instead (bf16 131072 x 1000 fwd+bwd at 0.48 of
+    // torch.add with it on the H200, 0.76 at 1024).
+    if (config < 0 && p.backward && elem_size == 2 && plan.config == kTile2B32x32 &&
+        (plan.phase_shift || L % 32 != 0))
+      plan.config = kTile2B16x64;
     plan.num_chunks = 1;
     plan.per_chunk = tiles;
   } else {
