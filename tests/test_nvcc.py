@@ -51,13 +51,13 @@ def _compile(src: Path, tmp: Path) -> str:
 # spills a few words outside its step loops (28 bytes at 32 threads per block, 72 at 128). The 2-byte
 # ring backward of 16 steps over 512 consumer threads (576 per block: at most 96 registers) spills up to 64
 # bytes and is still faster than the same tile over 256 threads (item 39). The same tile backward for
-# rows off the 16-byte grid (kPhaseShift: a head scanned by warp 0 too) spills up to 200 bytes; the
+# rows off the 16-byte grid (kPhaseShift: a head scanned by warp 0 too) spills up to 220 bytes; the
 # planner gives those rows the 16-step config where the tile is 1024 steps. Every other scan kernel: none.
 def _scan_spill_allowed(name: str) -> int:
     if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li32ELi\d+ELb1ELb0E", name):
         return 80
     if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li32ELi\d+ELb1ELb1E", name):
-        return 200
+        return 224
     if re.search(r"scan_ring_kernelI(13__nv_bfloat16|6__half)Li16ELi512ELi\d+ELb1E", name):
         return 80
     return 0
@@ -85,7 +85,7 @@ _RING_BWD = "_ZN6linrec16scan_ring_kernelI13__nv_bfloat16Li16ELi512ELi4ELb1ELb0E
 @pytest.mark.parametrize("name,allowed", [
     (_TILE_BWD, 80), (_TILE_BWD.replace("13__nv_bfloat16", "6__half"), 80),
     (_TILE_BWD.replace("Li32ELi32E", "Li32ELi128E"), 80), (_TILE_BWD.replace("Lb1ELb0E", "Lb0ELb0E"), 0),
-    (_TILE_BWD.replace("Lb1ELb0E", "Lb1ELb1E"), 200), (_TILE_BWD.replace("Lb1ELb0E", "Lb0ELb1E"), 0),
+    (_TILE_BWD.replace("Lb1ELb0E", "Lb1ELb1E"), 224), (_TILE_BWD.replace("Lb1ELb0E", "Lb0ELb1E"), 0),
     (_TILE_BWD.replace("13__nv_bfloat16", "f"), 0), (_TILE_BWD.replace("Li32ELi32E", "Li16ELi64E"), 0),
     (_TILE_BWD.replace("scan_tile_kernel", "scan_stream_kernel"), 0),
     (_RING_BWD, 80), (_RING_BWD.replace("13__nv_bfloat16", "6__half"), 80),
