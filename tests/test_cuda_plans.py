@@ -397,12 +397,12 @@ def test_tile_kernel_configs(shape, reverse, dtype, config):
     check_against_cpu_kernel(x, c, h0, -1, reverse, dtype, name, name)
 
 
-# Rows off the 16-byte grid: the tile kernel starts each row's tiles after the row's head, which
-# warp 0 scans first (plan.h, tile_phase_shift). (name, rows, length, layout): "contig" rows of an odd length start at every
+# Rows off the 16-byte grid: the tile kernel shifts each row's tiles to its phase and scans the
+# steps left past them across warp 0 (plan.h, tile_phase_shift). (name, rows, length, layout): "contig" rows of an odd length start at every
 # phase; "sliced" is x[:, 1:] (and coeffs likewise) of a buffer one column wider; "mixed" takes
 # coeffs from aligned rows, so only x and the outputs share the row's phase; "bcast" shares one
 # coeffs row (its phase is fixed) and accumulates grad_coeffs. Lengths: several tiles, one step short
-# of a 1024-step tile, shorter than a vector (some rows end in their head), one step.
+# of a 1024-step tile (some rows' last steps past the tile), shorter than a vector, one step.
 _PHASE_CASES = [("contig", 300, 3001), ("contig", 257, 1023), ("contig", 97, 5), ("contig", 33, 1),
                 ("sliced", 200, 2050), ("mixed", 150, 4099), ("bcast", 64, 777)]
 

@@ -51,7 +51,7 @@ def _compile(src: Path, tmp: Path) -> str:
 # spills a few words outside its step loops (28 bytes at 32 threads per block, 72 at 128). The 2-byte
 # ring backward of 16 steps over 512 consumer threads (576 per block: at most 96 registers) spills up to 64
 # bytes and is still faster than the same tile over 256 threads (item 39). The same tile backward for
-# rows off the 16-byte grid (kPhaseShift: a head scanned by warp 0 too) spills up to 220 bytes; the
+# rows off the 16-byte grid (kPhaseShift: a phase, a tail scanned by warp 0 too) spills up to 220 bytes; the
 # planner gives those rows the 16-step config where the tile is 1024 steps. Every other scan kernel: none.
 def _scan_spill_allowed(name: str) -> int:
     if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li32ELi\d+ELb1ELb0E", name):

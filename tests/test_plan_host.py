@@ -87,7 +87,7 @@ int main() {
   show(2, 1000, 3000, 3001, 1, 1);      // a sliced view (x[:, 1:] of 3001 columns)
   show(4, 1000, 1024, 2048, 0, 2);      // strided along the scan: per-step loads
   show(4, 1000, 1023, 1023, 0, -1);     // reverse walk, odd length
-  show(2, 1000, 1023, 1023, 0, 1);      // a row with its head fits the 1024-step tile
+  show(2, 1000, 1023, 1023, 0, 1);      // shifted rows' last steps past the tile: scan_tail
   show(2, 100000, 1023, 1023, 0, 1);
   show(2, 100000, 1023, 1023, 0, 1, true);  // its backward: 16 steps per thread, no per-step edges
   show(2, 100000, 1000, 1000, 0, 1, true);  // aligned, but a partial run at the end
@@ -101,7 +101,7 @@ int main() {
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 def test_phase_shift_plans(tmp_path):
     """Rows whose input starts off the 16-byte grid (odd lengths, sliced views, reverse walks of odd
-    lengths) take the tile kernel with tiles after each row's head, every unit-stride slot marked for
+    lengths) take the tile kernel shifted to each row's phase, every unit-stride slot marked for
     vector access, and the tiles of the row's length; aligned rows and strided inputs do not."""
     src = tmp_path / "phase.cpp"
     src.write_text(_PHASE_PROGRAM)

@@ -43,7 +43,7 @@ struct ScanPlan {
   int64_t per_chunk;       // tiles (tile kernel) or spans (channel kernel) each block walks
   int64_t grid;            // blocks
   unsigned vec_mask;       // tile, stream and ring kernels: slots that take 16-byte vector accesses
-  bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles after each row's head (scan_tile_kernel)
+  bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles shifted per row (scan_tile_kernel)
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
   size_t workspace_bytes;  // look-back status (0 without look-back)
   size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
@@ -112,8 +112,8 @@ inline unsigned vector_slots(const ScanParams& p, int elem_size, bool aligned = 
   return mask;
 }
 
-// Whether the tile kernel starts each row's tiles after the row's head, its steps before the 16-byte
-// grid: the input has unit stride but some row starts off the grid (an odd length, a sliced view).
+// Whether the tile kernel shifts each row's tiles to the row's 16-byte phase: the input has unit
+// stride but some row starts off the grid (an odd length, a sliced view).
 // Per-step loads there touch a sector per lane and step (fp16 1000 x 3001 ran at 0.18 of
 // torch.add, bench/NOTES.md 45).
 inline bool tile_phase_shift(const ScanParams& p, int elem_size) {

@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
         if (i < n) h_last[k] = h;
       }
       if (kBackward && dc_acc)
-        accumulate_steps<CH>(dc_acc + k * p.bstride[kGradCoeff][0], ls_dc, t0, n, g, /*warp_uniform_address=*/false);
+        accumulate_steps<CH>(dc_acc + k * p.bstride[kGradCoeff][0], ls_dc, t0, 0, n, g, /*warp_uniform_address=*/false);
     }
     if constexpr (!kBackward) {
 #pragma unroll

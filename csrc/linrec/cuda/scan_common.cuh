@@ -65,21 +65,21 @@ __device__ __forceinline__ T* slot_ptr(const ScanParams& p, int slot, int64_t of
   return p.ptr[slot] ? static_cast<T*>(p.ptr[slot]) + offset : nullptr;
 }
 
-// Adds a thread's gradient values g[0..n) of steps tf .. tf+n-1 into the float32 buffer
+// Adds a thread's gradient values g[lo..n) of steps tf+lo .. tf+n-1 into the float32 buffer
 // `acc` (stride ls along the scan). With ls == 0 (coeffs constant along the scan) the thread
 // sums first; `warp_uniform_address`: every lane adds to the same address, so the warp sums too.
 template <int E>
-__device__ __forceinline__ void accumulate_steps(float* acc, int64_t ls, int64_t tf, int n, const float (&g)[E],
-                                                 bool warp_uniform_address) {
+__device__ __forceinline__ void accumulate_steps(float* acc, int64_t ls, int64_t tf, int lo, int n,
+                                                 const float (&g)[E], bool warp_uniform_address) {
   if (ls != 0) {
 #pragma unroll
     for (int i = 0; i < E; ++i)
-      if (i < n) atomicAdd(acc + (tf + i) * ls, g[i]);
+      if (i >= lo && i < n) atomicAdd(acc + (tf + i) * ls, g[i]);
     return;
   }
   float sum = 0.f;
 #pragma unroll
-  for (int i = 0; i < E; ++i) sum += i < n ? g[i] : 0.f;
+  for (int i = 0; i < E; ++i) sum += i >= lo && i < n ? g[i] : 0.f;
   if (warp_uniform_address) {
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);

@@ -210,9 +210,9 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
         const Affine pre = sh.thread_prefix[s * NT + threadIdx.x];
         const float h = fmaf(pre.a, sh.tile_prefix[s], pre.b);
         const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-        const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
-        const float h_last = replay_steps<E, kBackward>(h, nv, v, c, yn);
-        store_outputs<T, E, kBackward>(st, L, tf, nv, args.vec_mask, 0u, h_last, v, yn);
+        const StepSpan r = step_span<E>(tf, L);
+        const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
+        store_outputs<T, E, kBackward>(st, L, tf, r, args.vec_mask, 0u, h_last, v, yn);
         __syncwarp();  // the slot's record (st) is read until here
         if (lane == 0) ring::arrive(&free_slot[s]);
         ++next_replay;

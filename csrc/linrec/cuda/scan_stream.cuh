@@ -142,9 +142,9 @@ __device__ __forceinline__ void load_operands(const T* region, const SeqTensors<
   const bool rev_c = kDir != 0 ? kDir < 0 : s.ls_c < 0;
   const bool rev_y = kDir != 0 ? kDir < 0 : s.ls_y < 0;
   const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-  const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+  const StepSpan r = step_span<E>(tf, L);
   if (t0 + S::kTile > L) {
-    load_tile_global<T, E, NT, kBackward>(s, L, tf, nv, vm, v, c, yn);
+    load_tile_global<T, E, NT, kBackward>(s, L, tf, r, vm, v, c, yn);
     return;
   }
   load_staged<T, E, NT, STAGES, kBackward>(region, rev_in, v);
@@ -160,7 +160,7 @@ __device__ __forceinline__ void load_operands(const T* region, const SeqTensors<
       y_after = (threadIdx.x + 1 < NT || t0 + S::kTile + S::kVec <= L) ? to_float(ry[S::index(w + E, rev_y)])
                                                                         : to_float(s.y[(tf + E) * s.ls_y]);
     }
-    shift_backward_operands<E>(c, yn, c_before, y_after, tf, nv, L, s.init);
+    shift_backward_operands<E>(c, yn, c_before, y_after, tf, r, L, s.init);
   }
 }
 
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
     }
     const int64_t t0 = it * S::kTile;
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-    const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+    const StepSpan r = step_span<E>(tf, L);
     float v[E], c[E], yn[E];
     load_operands<T, E, NT, STAGES, kBackward>(region(it), s, L, t0, args.vec_mask, v, c, yn);
     // outbuf[buf] was last bulk-stored from after the previous barrier: thread 0 waits for those
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
       if (it + STAGES < num_tiles)
         stage_tile<T, E, NT, STAGES, kBackward>(s, L, (it + STAGES) * S::kTile, region(it), &bar[st]);
     }
-    const float h_last = replay_steps<E, kBackward>(h, nv, v, c, yn);
+    const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
     const unsigned bulk = t0 + S::kTile <= L ? args.bulk_mask : 0u;
     if (bulk) {
 #pragma unroll
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
       }
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // visible to the bulk store
     }
-    store_outputs<T, E, kBackward>(s, L, tf, nv, args.vec_mask, bulk, h_last, v, yn);
+    store_outputs<T, E, kBackward>(s, L, tf, r, args.vec_mask, bulk, h_last, v, yn);
   }
   __syncthreads();  // the last tile's outputs are in outbuf
   if (threadIdx.x == 0) {

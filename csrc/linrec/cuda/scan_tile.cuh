@@ -21,14 +21,28 @@ struct TileArgs {
   LookbackState lb;
 };
 
-// A row's head for 16-byte vectors: its steps before the first step from which every run of whole
-// vectors is aligned (forward walk: step t at base + t; reverse walk: base - t, a run read from its
-// last step). Less than a vector.
+// Which of a thread's E steps tf .. tf+E-1 lie in the sequence [0, L): [lo, hi). Only the first
+// thread of a tile shifted back by its row's phase (kPhaseShift) can have lo > 0.
+struct StepSpan {
+  int lo, hi;
+  __device__ __forceinline__ bool full(int E) const { return lo == 0 && hi == E; }
+  __device__ __forceinline__ bool has(int i) const { return i >= lo && i < hi; }
+};
+template <int E, bool kPhaseShift = false>
+__device__ __forceinline__ StepSpan step_span(int64_t tf, int64_t L) {
+  const int lo = !kPhaseShift || tf >= 0 ? 0 : (-tf < E ? static_cast<int>(-tf) : E);
+  const int hi = L - tf <= 0 ? 0 : (L - tf < E ? static_cast<int>(L - tf) : E);
+  return {lo, hi};
+}
+
+// A row's phase for 16-byte vectors: the steps by which its tiles must start earlier so that every
+// thread's E steps are whole aligned vectors (forward walk: step t at base + t, aligned when t +
+// phase is a multiple of the vector; reverse walk: base - t, the run read from its last step).
 template <typename T>
-__device__ __forceinline__ int vector_head(const T* base, int64_t ls) {
+__device__ __forceinline__ int vector_phase(const T* base, int64_t ls) {
   constexpr int kVec = 16 / sizeof(T);
   const int m = static_cast<int>(reinterpret_cast<uintptr_t>(base) % 16 / sizeof(T));
-  return (ls > 0 ? kVec - m : m + 1) & (kVec - 1);
+  return ls > 0 ? m : kVec - 1 - m;
 }
 
 // A thread's E steps as E / kVec 16-byte vectors, in memory order (walk order reversed when ls < 0).
@@ -41,24 +55,24 @@ union StepVectors {
   static __device__ __forceinline__ int first_step(int k, bool rev) { return rev ? E - (k + 1) * kVec : k * kVec; }
 };
 
-// Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); steps from nv on get `fill`.
-// `vec`: 16-byte vectors where all E are in the row. kEdgeVectors: for a row's last, partial run
-// too, with the same instructions: the vectors holding a step before nv are loaded whole (their
-// 16 bytes lie within the tensor's 16-byte aligned allocation), the others read as zeros, and the
-// steps from nv on hold whatever the vectors held (they come after the row's last step: no output
-// depends on them).
+// Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); steps outside `r` get `fill`.
+// `vec`: 16-byte vectors where `r` is full. kEdgeVectors: for a partial run too (a row's first or
+// last thread), with the same instructions: the vectors holding a step of `r` are loaded whole
+// (their 16 bytes lie within the tensor's 16-byte aligned allocation), the others read as zeros,
+// and steps outside `r` hold whatever the vectors held (the caller neutralizes those before `r`,
+// see load_tile_global; those after it reach no output).
 template <typename T, int E, bool kEdgeVectors = false>
-__device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, int nv, bool vec, float fill,
+__device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec, float fill,
                                            float (&out)[E]) {
   using V = StepVectors<T, E>;
   static_assert(E % V::kVec == 0, "E must be a multiple of the 16-byte vector width");
-  if (vec && (kEdgeVectors || nv == E)) {
+  if (vec && (kEdgeVectors || r.full(E))) {
     V buf;
     const uint4* src = reinterpret_cast<const uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
 #pragma unroll
     for (int k = 0; k < E / V::kVec; ++k) {
       const int w = V::first_step(k, ls < 0);
-      buf.u[k] = !kEdgeVectors || w < nv ? src[k] : make_uint4(0u, 0u, 0u, 0u);
+      buf.u[k] = !kEdgeVectors || (w < r.hi && w + V::kVec > r.lo) ? src[k] : make_uint4(0u, 0u, 0u, 0u);
     }
     if (ls > 0) {
 #pragma unroll
@@ -70,16 +84,16 @@ __device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf
     return;
   }
 #pragma unroll
-  for (int i = 0; i < E; ++i) out[i] = i < nv ? to_float(base[(tf + i) * ls]) : fill;
+  for (int i = 0; i < E; ++i) out[i] = r.has(i) ? to_float(base[(tf + i) * ls]) : fill;
 }
 
-// Stores steps tf .. tf+nv-1 (as load_steps; kEdgeVectors: whole vectors but the last partial one,
-// stored per element).
+// Stores the steps of `r` (as load_steps; kEdgeVectors: whole vectors where `r` covers them, single
+// elements at its edges).
 template <typename T, int E, bool kEdgeVectors = false>
-__device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, int nv, bool vec,
+__device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, StepSpan r, bool vec,
                                             const float (&v)[E]) {
   using V = StepVectors<T, E>;
-  if (vec && (kEdgeVectors || nv == E)) {
+  if (vec && (kEdgeVectors || r.full(E))) {
     V buf;
     if (ls > 0) {
 #pragma unroll
@@ -89,7 +103,7 @@ __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, int
       for (int i = 0; i < E; ++i) buf.t[E - 1 - i] = from_float<T>(v[i]);
     }
     uint4* dst = reinterpret_cast<uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
-    if (!kEdgeVectors || nv == E) {
+    if (!kEdgeVectors || r.full(E)) {
 #pragma unroll
       for (int k = 0; k < E / V::kVec; ++k) dst[k] = buf.u[k];
       return;
@@ -98,12 +112,12 @@ __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, int
 #pragma unroll
       for (int k = 0; k < E / V::kVec; ++k) {
         const int w = V::first_step(k, ls < 0);
-        if (w + V::kVec <= nv) {
+        if (w >= r.lo && w + V::kVec <= r.hi) {
           dst[k] = buf.u[k];
-        } else if (w < nv) {
+        } else if (w < r.hi && w + V::kVec > r.lo) {
 #pragma unroll
           for (int j = 0; j < V::kVec; ++j)  // element j of the vector is walk step w + j (reversed: from the end)
-            if ((ls > 0 ? w + j : w + V::kVec - 1 - j) < nv)
+            if (r.has(ls > 0 ? w + j : w + V::kVec - 1 - j))
               reinterpret_cast<T*>(dst)[k * V::kVec + j] = buf.t[k * V::kVec + j];
         }
       }
@@ -112,7 +126,7 @@ __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, int
   }
 #pragma unroll
   for (int i = 0; i < E; ++i)
-    if (i < nv) base[(tf + i) * ls] = from_float<T>(v[i]);
+    if (r.has(i)) base[(tf + i) * ls] = from_float<T>(v[i]);
 }
 
 // Prefix callback of cub::BlockScan, run by warp 0: returns the state before the tile and
@@ -168,12 +182,12 @@ struct SeqTensors {
   }
 };
 
-// The slots of `vm` whose head (vector_head) in this row is `head`: those take vector accesses.
+// The slots of `vm` whose phase (vector_phase) in this row is `phase`: those take vector accesses.
 template <typename T>
-__device__ __forceinline__ unsigned row_vector_slots(const SeqTensors<T>& s, unsigned vm, int head) {
+__device__ __forceinline__ unsigned row_vector_slots(const SeqTensors<T>& s, unsigned vm, int phase) {
   unsigned out = 0;
   const auto keep = [&](int slot, const T* base, int64_t ls) {
-    if ((vm >> slot & 1) && vector_head<T>(base, ls) == head) out |= 1u << slot;
+    if ((vm >> slot & 1) && vector_phase<T>(base, ls) == phase) out |= 1u << slot;
   };
   keep(kIn, s.in, s.ls_in);
   keep(kCoeff, s.cf, s.ls_c);
@@ -183,110 +197,118 @@ __device__ __forceinline__ unsigned row_vector_slots(const SeqTensors<T>& s, uns
   return out;
 }
 
-// The head of a row off the 16-byte grid (kPhaseShift), fewer steps than a vector: lane t of warp 0
-// holds step t's operands (forward: x, c; backward: grad_y, c[t-1] and y[t+1], see
-// shift_backward_operands); lanes past the head or the row hold an identity step.
-struct HeadStep {
+// A shifted row's steps past its tiles (its tiles cover as many steps as the row, from `phase`
+// steps before it: fewer than a vector remain). Lane i of warp 0 holds step t0 + i's operands
+// (forward: x, c; backward: grad_y, c[t-1] and y[t+1], see shift_backward_operands); lanes past
+// the row hold an identity step.
+struct TailStep {
   float x = 0.f, c = 1.f, y_next = 0.f;
 };
 
 template <typename T, bool kBackward>
-__device__ __forceinline__ HeadStep load_head_step(const SeqTensors<T>& s, int64_t L, int head) {
-  HeadStep st;
-  const int t = threadIdx.x;
-  if (t < head && t < L) {
+__device__ __forceinline__ TailStep load_tail_step(const SeqTensors<T>& s, int64_t L, int64_t t0) {
+  TailStep st;
+  const int64_t t = t0 + threadIdx.x;  // t0 > 0: the row's tiles hold its first steps
+  if (t < L) {
     st.x = to_float(s.in[t * s.ls_in]);
-    if constexpr (!kBackward) {
-      st.c = to_float(s.cf[t * s.ls_c]);
-    } else {
-      st.c = t > 0 ? to_float(s.cf[(t - 1) * s.ls_c]) : 0.f;  // multiplies the zero state
-      st.y_next = t + 1 < L ? to_float(s.y[(t + 1) * s.ls_y]) : s.init;
-    }
+    st.c = to_float(s.cf[(kBackward ? t - 1 : t) * s.ls_c]);
+    if constexpr (kBackward) st.y_next = t + 1 < L ? to_float(s.y[(t + 1) * s.ls_y]) : s.init;
   }
   return st;
 }
 
-// Scans the head across the lanes of warp 0 (an affine scan by shuffles, from the row's first
-// state: forward `initial`, backward zero), stores each step's outputs from its lane and returns
-// the state after the head (in every lane). kWidth: the lanes of warp 0 (a power of two).
+// Scans the tail across the lanes of warp 0 (an affine scan by shuffles) from the state `h` after
+// the row's tiles and stores each step's outputs from its lane. kWidth: the lanes of warp 0 (a
+// power of two, at least a vector).
 template <typename T, bool kBackward, int kWidth>
-__device__ __forceinline__ float scan_head(const SeqTensors<T>& s, int64_t L, int head, const HeadStep& st) {
+__device__ __forceinline__ void scan_tail(const SeqTensors<T>& s, int64_t L, int64_t t0, float h,
+                                          const TailStep& st) {
   constexpr unsigned kMask = kWidth == 32 ? 0xffffffffu : (1u << kWidth) - 1;
   const int lane = threadIdx.x;
-  float a = st.c, b = st.x;  // the map of steps 0 .. lane
+  float a = st.c, b = st.x;  // the map of tail steps 0 .. lane
 #pragma unroll
   for (int d = 1; d < 16 / static_cast<int>(sizeof(T)); d *= 2) {
     const float pa = __shfl_up_sync(kMask, a, d, kWidth), pb = __shfl_up_sync(kMask, b, d, kWidth);
     if (lane >= d) b = fmaf(a, pb, b), a *= pa;
   }
-  const float h = fmaf(a, kBackward ? 0.f : s.init, b);
-  const int n = head < L ? head : static_cast<int>(L);
-  if (lane < n) {
-    const int t = lane;
-    if constexpr (!kBackward) {
-      s.y[t * s.ls_y] = from_float<T>(h);
-    } else {
-      s.dx[t * s.ls_dx] = from_float<T>(h);
-      if (s.dc_acc) atomicAdd(s.dc_acc + t * s.ls_dc, h * st.y_next);
-      else s.dc[t * s.ls_dc] = from_float<T>(h * st.y_next);
-      if (t == L - 1) *s.dh0 = from_float<T>(to_float(s.cf[(L - 1) * s.ls_c]) * h);
-    }
+  h = fmaf(a, h, b);
+  const int64_t t = t0 + lane;
+  if (t >= L) return;
+  if constexpr (!kBackward) {
+    s.y[t * s.ls_y] = from_float<T>(h);
+  } else {
+    s.dx[t * s.ls_dx] = from_float<T>(h);
+    if (s.dc_acc) atomicAdd(s.dc_acc + t * s.ls_dc, h * st.y_next);
+    else s.dc[t * s.ls_dc] = from_float<T>(h * st.y_next);
+    if (t == L - 1) *s.dh0 = from_float<T>(to_float(s.cf[(L - 1) * s.ls_c]) * h);
   }
-  return __shfl_sync(kMask, h, n - 1, kWidth);
 }
 
-// Backward operands of a thread's steps tf .. tf+nv-1: step t uses c[t-1] (the coefficient
-// one step further along the forward scan) and y[t+1] (the forward state before step t;
-// `initial` past the end). `c` and `yn` hold c[t] and y[t] on entry; `c_before` is c[tf-1]
-// and `y_after` is y[tf+E] (each used only where it exists).
+// Backward operands of a thread's steps in `r`: step t uses c[t-1] (the coefficient one step
+// further along the forward scan) and y[t+1] (the forward state before step t; `initial` past the
+// end). `c` and `yn` hold c[t] and y[t] on entry (1 and 0 outside `r`); `c_before` is c[tf-1] and
+// `y_after` is y[tf+E] (each used only where it exists). Steps before `r` (a shifted tile's first
+// thread) see c = 1 and x = 0 from a zero state: they stay zero, whatever step 0 then takes as c.
 template <int E>
 __device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&yn)[E], float c_before, float y_after,
-                                                        int64_t tf, int nv, int64_t L, float init) {
+                                                        int64_t tf, StepSpan r, int64_t L, float init) {
 #pragma unroll
-  for (int i = E - 1; i > 0; --i) c[i] = i < nv ? c[i - 1] : 1.f;
-  c[0] = nv > 0 ? (tf > 0 ? c_before : 0.f) : 1.f;
+  for (int i = E - 1; i > 0; --i) c[i] = i < r.hi ? c[i - 1] : 1.f;
+  c[0] = r.hi > 0 ? (tf > 0 ? c_before : 0.f) : 1.f;
 #pragma unroll
-  for (int i = 0; i < E - 1; ++i) yn[i] = (i + 1 < nv) ? yn[i + 1] : (tf + i + 1 == L ? init : 0.f);
-  yn[E - 1] = (nv == E) ? (tf + E < L ? y_after : init) : yn[E - 1];
+  for (int i = 0; i < E - 1; ++i) yn[i] = (i + 1 < r.hi) ? yn[i + 1] : (tf + i + 1 == L ? init : 0.f);
+  yn[E - 1] = (r.hi == E) ? (tf + E < L ? y_after : init) : yn[E - 1];
 }
 
-// Loads a thread's operands for steps tf .. tf+nv-1 straight from global memory; thread i of
+// Loads a thread's operands for its steps in `r` straight from global memory; thread i of
 // the block holds the E steps after thread i-1's. The backward's c[tf-1] and y[tf+E] are the
 // neighbouring lanes' end values (shuffles): only the lanes at a warp's edges load them from
 // global memory, where every lane used to (one sector per lane and load).
 template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false>
-__device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv,
+__device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float (&v)[E], float (&c)[E], float (&yn)[E]) {
-  load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, nv, vm >> kIn & 1, 0.f, v);
-  load_steps<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, nv, vm >> kCoeff & 1, 1.f, c);
+  load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
+  load_steps<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, 1.f, c);
   if constexpr (kBackward) {
-    load_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, 0.f, yn);
+    load_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, 0.f, yn);
     constexpr int kWidth = NT < 32 ? NT : 32;  // a power of two
     constexpr unsigned kMask = kWidth == 32 ? 0xffffffffu : (1u << kWidth) - 1;
     const int lane = threadIdx.x & (kWidth - 1);
-    // A lane with steps has a predecessor lane with all E (c[E-1] loaded), and a lane with all E
-    // steps whose successor exists in the sequence has a successor with steps (yn[0] loaded).
+    // A lane with steps after step 0 has a predecessor lane holding its step before (c[E-1]
+    // loaded), and a lane holding its last step whose successor step exists has a successor lane
+    // holding that step (yn[0] loaded).
     const float c_prev = __shfl_up_sync(kMask, c[E - 1], 1, kWidth);
     const float y_next = __shfl_down_sync(kMask, yn[0], 1, kWidth);
     float c_before = 0.f, y_after = 0.f;
-    if (nv > 0 && tf > 0) c_before = lane > 0 ? c_prev : to_float(s.cf[(tf - 1) * s.ls_c]);
-    if (nv == E && tf + E < L) y_after = lane < kWidth - 1 ? y_next : to_float(s.y[(tf + E) * s.ls_y]);
-    shift_backward_operands<E>(c, yn, c_before, y_after, tf, nv, L, s.init);
+    if (r.hi > 0 && tf > 0) c_before = lane > 0 ? c_prev : to_float(s.cf[(tf - 1) * s.ls_c]);
+    if (r.hi == E && tf + E < L) y_after = lane < kWidth - 1 ? y_next : to_float(s.y[(tf + E) * s.ls_y]);
+    shift_backward_operands<E>(c, yn, c_before, y_after, tf, r, L, s.init);
+  }
+  if constexpr (kEdgeVectors) {
+    // Steps before the row (a shifted row's first thread) hold other data: make them identities,
+    // and the backward's coefficient of step 0 too (it multiplies a zero state; it could be inf).
+    if (r.lo > 0) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        if (i < r.lo) v[i] = 0.f;
+        if (i < r.lo + (kBackward ? 1 : 0)) c[i] = 1.f;
+      }
+    }
   }
 }
 
 // Replays a thread's steps from the state `h` before them: v becomes the states (the
 // forward's y, the backward's dx) and, in the backward, yn (the shifted y) becomes dc = dx * yn.
-// Returns the state after the thread's last valid step.
+// Returns the state after the thread's last step in `r`.
 template <int E, bool kBackward>
-__device__ __forceinline__ float replay_steps(float h, int nv, float (&v)[E], const float (&c)[E],
+__device__ __forceinline__ float replay_steps(float h, StepSpan r, float (&v)[E], const float (&c)[E],
                                               float (&yn)[E]) {
   float h_last = 0.f;
 #pragma unroll
   for (int i = 0; i < E; ++i) {
     h = fmaf(c[i], h, v[i]);
     v[i] = h;
-    if (i < nv) h_last = h;
+    if (i < r.hi) h_last = h;
   }
   if constexpr (kBackward) {
 #pragma unroll
@@ -298,16 +320,16 @@ __device__ __forceinline__ float replay_steps(float h, int nv, float (&v)[E], co
 // Stores a thread's outputs after replay_steps (backward: `yn` holds dc) except the slots in
 // `skip` (staged for a bulk store by the caller).
 template <typename T, int E, bool kBackward, bool kEdgeVectors = false>
-__device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv, unsigned vm,
+__device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r, unsigned vm,
                                               unsigned skip, float h_last, const float (&v)[E], const float (&yn)[E]) {
   if constexpr (!kBackward) {
-    if (!(skip >> kOut & 1)) store_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, nv, vm >> kOut & 1, v);
+    if (!(skip >> kOut & 1)) store_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, v);
   } else {
-    if (!(skip >> kGradIn & 1)) store_steps<T, E, kEdgeVectors>(s.dx, s.ls_dx, tf, nv, vm >> kGradIn & 1, v);
-    if (s.dc_acc) accumulate_steps<E>(s.dc_acc, s.ls_dc, tf, nv, yn, /*warp_uniform_address=*/true);
+    if (!(skip >> kGradIn & 1)) store_steps<T, E, kEdgeVectors>(s.dx, s.ls_dx, tf, r, vm >> kGradIn & 1, v);
+    if (s.dc_acc) accumulate_steps<E>(s.dc_acc, s.ls_dc, tf, r.lo, r.hi, yn, /*warp_uniform_address=*/true);
     else if (!(skip >> kGradCoeff & 1))
-      store_steps<T, E, kEdgeVectors>(s.dc, s.ls_dc, tf, nv, vm >> kGradCoeff & 1, yn);
-    if (nv > 0 && tf + nv == L)  // this thread holds the last step: d initial = c[L-1] * g[L-1]
+      store_steps<T, E, kEdgeVectors>(s.dc, s.ls_dc, tf, r, vm >> kGradCoeff & 1, yn);
+    if (r.hi > r.lo && tf + r.hi == L)  // this thread holds the last step: d initial = c[L-1] * g[L-1]
       *s.dh0 = from_float<T>(to_float(s.cf[(L - 1) * s.ls_c]) * h_last);
   }
 }
@@ -316,11 +338,11 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
 // (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
 // many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
 template <typename T, int E, bool kBackward, bool kEdgeVectors>
-__device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, int nv,
+__device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float h, float (&v)[E], const float (&c)[E],
                                                  float (&yn)[E]) {
-  const float h_last = replay_steps<E, kBackward>(h, nv, v, c, yn);
-  store_outputs<T, E, kBackward, kEdgeVectors>(s, L, tf, nv, vm, 0u, h_last, v, yn);
+  const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
+  store_outputs<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, 0u, h_last, v, yn);
 }
 
 // The affine map of a thread's E steps.
@@ -338,11 +360,11 @@ __device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const float 
 template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors>
 __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
                                                     TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
-                                                    int nv, unsigned vm, float (&v)[E], const float (&c)[E],
+                                                    StepSpan r, unsigned vm, float (&v)[E], const float (&c)[E],
                                                     float (&yn)[E]) {
   Affine prefix;
   cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
-  replay_and_store<T, E, kBackward, kEdgeVectors>(s, L, tf, nv, vm, prefix.b, v, c, yn);
+  replay_and_store<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, prefix.b, v, c, yn);
 }
 
 // One block per sequence (all its tiles, one after the other) or, with look-back
@@ -352,10 +374,10 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // fwd+bwd fell from 1.00 to 0.92 on the H100). 32 steps per thread: 128 registers, a few spilled
 // words outside the step loops, for a third more warps per SM than at ~154 registers, which is
 // faster (bench/NOTES.md item 38). 16 steps per thread: the minimum of one block.
-// kPhaseShift: rows start off the 16-byte grid (odd lengths, sliced views). Each row's tiles start
-// after its head (vector_head, fewer steps than a vector), so that every thread's steps are whole
-// aligned vectors in each slot of the row's head; warp 0 of the row's first block scans the head
-// (a lane per step, loaded before the first tile's loads) before the tile's block scan.
+// kPhaseShift: rows start off the 16-byte grid (odd lengths, sliced views); each block shifts its
+// tiles `phase` steps before its row, so that all but the first thread's steps are whole aligned
+// vectors in every slot of the row's phase. The tiles cover as many steps as the row: the row's
+// last block scans the steps left past them (fewer than a vector) across warp 0 (scan_tail).
 template <typename T, int E, int NT, bool kBackward, bool kPhaseShift>
 __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 512 / NT : 1) : 0)
     scan_tile_kernel(const ScanParams p, const TileArgs args) {
@@ -374,38 +396,32 @@ __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 5
   __syncthreads();
   const SeqTensors<T> s(p, s_off);
   const int64_t L = p.len;
-  const int head = kPhaseShift ? vector_head<T>(s.in, s.ls_in) : 0;
-  const unsigned vm = kPhaseShift ? row_vector_slots(s, args.vec_mask, head) : args.vec_mask;
-  // A row's last thread holds a partial run: vector accesses there too where one load per step
-  // would cost most (2-byte rows, or shifted rows, whose tails are as frequent as their heads); not
-  // in the 2-byte 32-step backward, at its register cap (180-220 bytes spilled), nor for aligned
-  // 4-byte rows (their 8-step forward would take 54 registers instead of 46: fewer blocks per SM).
+  const int phase = kPhaseShift ? vector_phase<T>(s.in, s.ls_in) : 0;
+  // A shifted row's first thread and a row's last thread hold partial runs: vector accesses there
+  // too where one load per step would cost most (16 or 32 per operand and thread); not in the
+  // 2-byte 32-step backward, at its register cap, nor for aligned 4-byte rows (their 8-step
+  // forward would take 54 registers instead of 46: fewer blocks per SM).
   constexpr bool kEdgeVectors = (kPhaseShift || sizeof(T) == 2) && !(kBackward && sizeof(T) == 2 && E == 32);
+  const unsigned vm = kPhaseShift ? row_vector_slots(s, args.vec_mask, phase) : args.vec_mask;
 
   TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
-  constexpr int kWarp0 = NT < 32 ? NT : 32;  // a power of two
-  bool head_pending = kPhaseShift && head > 0 && chunk == 0;
-  HeadStep head_step;
-  if (head_pending && threadIdx.x < kWarp0) head_step = load_head_step<T, kBackward>(s, L, head);
-  const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile + head;
+  const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile - phase;
+
   for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
     const int64_t t0 = chunk_t0 + tile * kTile;
     if (t0 >= L) break;
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-    const int nv = static_cast<int>(L - tf <= 0 ? 0 : (L - tf < E ? L - tf : E));
+    const StepSpan r = step_span<E, kPhaseShift>(tf, L);
     float v[E], c[E], yn[E];
-    load_tile_global<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, nv, vm, v, c, yn);
-    if (head_pending) {  // the block scan's prefix (thread 0's carry) starts after the head
-      if (threadIdx.x < kWarp0) {
-        const float h = scan_head<T, kBackward, kWarp0>(s, L, head, head_step);
-        if (threadIdx.x == 0) carry.carry = h;
-      }
-      head_pending = false;
-    }
-    scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, nv, vm, v, c, yn);
+    load_tile_global<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
+    scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
     __syncthreads();  // scan_storage is reused by the next tile
   }
-  if (head_pending && threadIdx.x < kWarp0) scan_head<T, kBackward, kWarp0>(s, L, head, head_step);  // a row within its head
+  // Warp 0 holds the state after the tiles (each lane ran the prefix callback alike).
+  constexpr int kWarp0 = NT < 32 ? NT : 32;  // a power of two
+  const int64_t tail_t0 = chunk_t0 + args.tiles_per_chunk * kTile;
+  if (kPhaseShift && chunk == args.num_chunks - 1 && tail_t0 < L && threadIdx.x < kWarp0)
+    scan_tail<T, kBackward, kWarp0>(s, L, tail_t0, carry.carry, load_tail_step<T, kBackward>(s, L, tail_t0));
 }
 
 }  // namespace linrec
