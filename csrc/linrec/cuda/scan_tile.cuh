@@ -287,9 +287,10 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
   if constexpr (kEdgeVectors) {
     // Steps before the row (a shifted row's first thread) hold other data: make them identities,
     // and the backward's coefficient of step 0 too (it multiplies a zero state; it could be inf).
+    // They are fewer than a vector (r.lo < 16 / sizeof(T)).
     if (r.lo > 0) {
 #pragma unroll
-      for (int i = 0; i < E; ++i) {
+      for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) {
         if (i < r.lo) v[i] = 0.f;
         if (i < r.lo + (kBackward ? 1 : 0)) c[i] = 1.f;
       }
