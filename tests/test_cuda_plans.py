@@ -401,11 +401,10 @@ def test_tile_kernel_configs(shape, reverse, dtype, config):
 # steps left past them across warp 0 (plan.h, tile_phase_shift). (name, rows, length, layout): "contig" rows of an odd length start at every
 # phase; "sliced" is x[:, 1:] (and coeffs likewise) of a buffer one column wider; "mixed" takes
 # coeffs from aligned rows, so only x and the outputs share the row's phase; "bcast" shares one
-# coeffs row (its phase is fixed) and accumulates grad_coeffs; "padded" rows start aligned (rows of
-# a wider buffer) but end off the grid. Lengths: several tiles, one step short
+# coeffs row (its phase is fixed) and accumulates grad_coeffs. Lengths: several tiles, one step short
 # of a 1024-step tile (some rows' last steps past the tile), shorter than a vector, one step.
 _PHASE_CASES = [("contig", 300, 3001), ("contig", 257, 1023), ("contig", 97, 5), ("contig", 33, 1),
-                ("sliced", 200, 2050), ("mixed", 150, 4099), ("bcast", 64, 777), ("padded", 70, 1001)]
+                ("sliced", 200, 2050), ("mixed", 150, 4099), ("bcast", 64, 777)]
 
 
 def _phase_inputs(layout, rows, length, dtype, seed):
@@ -422,9 +421,6 @@ def _phase_inputs(layout, rows, length, dtype, seed):
         x, c = new((rows, length)), new((rows, (length + 7) // 8 * 8), 0.9)[:, :length]
     elif layout == "bcast":
         x, c = new((rows, length)), new((length,), 0.9)
-    elif layout == "padded":
-        width = (length + 7) // 8 * 8 + 8
-        x, c = new((rows, width))[:, :length], new((rows, width), 0.9)[:, :length]
     else:
         x, c = new((rows, length)), new((rows, length), 0.9)
     return x, c, new((rows,))

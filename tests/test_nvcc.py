@@ -51,11 +51,13 @@ def _compile(src: Path, tmp: Path) -> str:
 # spills a few words outside its step loops (28 bytes at 32 threads per block, 72 at 128). The 2-byte
 # ring backward of 16 steps over 512 consumer threads (576 per block: at most 96 registers) spills up to 64
 # bytes and is still faster than the same tile over 256 threads (item 39). The same tile backward for
-# rows off the 16-byte grid (kPhaseShift) spills up to 60 bytes; the planner gives those rows the
-# 16-step config where the tile is 1024 steps. Every other scan kernel: none.
+# rows off the 16-byte grid (kPhaseShift: a phase, a tail scanned by warp 0 too) spills up to 220 bytes; the
+# planner gives those rows the 16-step config where the tile is 1024 steps. Every other scan kernel: none.
 def _scan_spill_allowed(name: str) -> int:
-    if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li32ELi\d+ELb1ELb[01]E", name):
+    if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li32ELi\d+ELb1ELb0E", name):
         return 80
+    if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li32ELi\d+ELb1ELb1E", name):
+        return 224
     if re.search(r"scan_ring_kernelI(13__nv_bfloat16|6__half)Li16ELi512ELi\d+ELb1E", name):
         return 80
     return 0
@@ -83,14 +85,14 @@ _RING_BWD = "_ZN6linrec16scan_ring_kernelI13__nv_bfloat16Li16ELi512ELi4ELb1ELb0E
 @pytest.mark.parametrize("name,allowed", [
     (_TILE_BWD, 80), (_TILE_BWD.replace("13__nv_bfloat16", "6__half"), 80),
     (_TILE_BWD.replace("Li32ELi32E", "Li32ELi128E"), 80), (_TILE_BWD.replace("Lb1ELb0E", "Lb0ELb0E"), 0),
-    (_TILE_BWD.replace("Lb1ELb0E", "Lb1ELb1E"), 80), (_TILE_BWD.replace("Lb1ELb0E", "Lb0ELb1E"), 0),
+    (_TILE_BWD.replace("Lb1ELb0E", "Lb1ELb1E"), 224), (_TILE_BWD.replace("Lb1ELb0E", "Lb0ELb1E"), 0),
     (_TILE_BWD.replace("13__nv_bfloat16", "f"), 0), (_TILE_BWD.replace("Li32ELi32E", "Li16ELi64E"), 0),
     (_TILE_BWD.replace("scan_tile_kernel", "scan_stream_kernel"), 0),
     (_RING_BWD, 80), (_RING_BWD.replace("13__nv_bfloat16", "6__half"), 80),
     (_RING_BWD.replace("Lb1ELb0E", "Lb0ELb0E"), 0), (_RING_BWD.replace("13__nv_bfloat16", "f"), 0),
     (_RING_BWD.replace("Li16ELi512E", "Li16ELi256E"), 0)])
 def test_scan_spill_allowance_names_its_kernels(name, allowed):
-    """The allowances match the 2-byte 32-step tile backward (aligned or phase-shifted) and the 2-byte
+    """The allowances match the 2-byte 32-step tile backward (more when phase-shifted) and the 2-byte
     16-step, 512-thread ring backward only (a test of the rule itself)."""
     assert _scan_spill_allowed(name) == allowed
 

@@ -113,11 +113,11 @@ inline unsigned vector_slots(const ScanParams& p, int elem_size, bool aligned = 
 }
 
 // Whether the tile kernel shifts each row's tiles to the row's 16-byte phase: the input has unit
-// stride but some row starts or ends off the grid (an odd length, a sliced view).
+// stride but some row starts off the grid (an odd length, a sliced view).
 // Per-step loads there touch a sector per lane and step (fp16 1000 x 3001 ran at 0.18 of
 // torch.add, bench/NOTES.md 45).
 inline bool tile_phase_shift(const ScanParams& p, int elem_size) {
-  return unit_stride(p, kIn) && (!vectorizable(p, kIn, elem_size) || p.len % (16 / elem_size) != 0);
+  return unit_stride(p, kIn) && !vectorizable(p, kIn, elem_size);
 }
 
 // Whether config `index` of `kind` can run this problem on this device (correctness, not speed).

@@ -144,7 +144,7 @@ __device__ __forceinline__ void load_operands(const T* region, const SeqTensors<
   const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
   const StepSpan r = step_span<E>(tf, L);
   if (t0 + S::kTile > L) {
-    load_tile_global<T, E, NT, kBackward>(s, L, L, tf, r, vm, v, c, yn);
+    load_tile_global<T, E, NT, kBackward>(s, L, tf, r, vm, v, c, yn);
     return;
   }
   load_staged<T, E, NT, STAGES, kBackward>(region, rev_in, v);

@@ -197,11 +197,10 @@ __device__ __forceinline__ unsigned row_vector_slots(const SeqTensors<T>& s, uns
   return out;
 }
 
-// A shifted row's steps past its tiles, fewer than a vector: its tiles end at its last vector
-// boundary (no vector past the row's end is read; the tensor may end there), or earlier when the
-// row's phase takes the last steps past its last tile. Lane i of warp 0 holds step t0 + i's
-// operands (forward: x, c; backward: grad_y, c[t-1] and y[t+1], see shift_backward_operands);
-// lanes past the row hold an identity step.
+// A shifted row's steps past its tiles (its tiles cover as many steps as the row, from `phase`
+// steps before it: fewer than a vector remain). Lane i of warp 0 holds step t0 + i's operands
+// (forward: x, c; backward: grad_y, c[t-1] and y[t+1], see shift_backward_operands); lanes past
+// the row hold an identity step.
 struct TailStep {
   float x = 0.f, c = 1.f, y_next = 0.f;
 };
@@ -209,11 +208,10 @@ struct TailStep {
 template <typename T, bool kBackward>
 __device__ __forceinline__ TailStep load_tail_step(const SeqTensors<T>& s, int64_t L, int64_t t0) {
   TailStep st;
-  const int64_t t = t0 + threadIdx.x;
+  const int64_t t = t0 + threadIdx.x;  // t0 > 0: the row's tiles hold its first steps
   if (t < L) {
     st.x = to_float(s.in[t * s.ls_in]);
-    if (!kBackward) st.c = to_float(s.cf[t * s.ls_c]);
-    else st.c = t > 0 ? to_float(s.cf[(t - 1) * s.ls_c]) : 0.f;  // step 0's multiplies the zero state
+    st.c = to_float(s.cf[(kBackward ? t - 1 : t) * s.ls_c]);
     if constexpr (kBackward) st.y_next = t + 1 < L ? to_float(s.y[(t + 1) * s.ls_y]) : s.init;
   }
   return st;
@@ -248,31 +246,27 @@ __device__ __forceinline__ void scan_tail(const SeqTensors<T>& s, int64_t L, int
 
 // Backward operands of a thread's steps in `r`: step t uses c[t-1] (the coefficient one step
 // further along the forward scan) and y[t+1] (the forward state before step t; `initial` past the
-// end). `c` and `yn` hold c[t] and y[t] on entry; `c_before` is c[tf-1] (each used only where it
-// exists). kRunsEndEarly (scan_tail): `y_next` is y at step tf + r.hi, after the thread's last
-// (`initial` past the row's end); else a partial run ends the row and `y_next` is y[tf+E]. Steps
-// outside `r` take values that reach no output.
-template <int E, bool kRunsEndEarly = false>
-__device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&yn)[E], float c_before, float y_next,
+// end). `c` and `yn` hold c[t] and y[t] on entry (1 and 0 outside `r`); `c_before` is c[tf-1] and
+// `y_after` is y[tf+E] (each used only where it exists). Steps before `r` (a shifted tile's first
+// thread) see c = 1 and x = 0 from a zero state: they stay zero, whatever step 0 then takes as c.
+template <int E>
+__device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&yn)[E], float c_before, float y_after,
                                                         int64_t tf, StepSpan r, int64_t L, float init) {
 #pragma unroll
   for (int i = E - 1; i > 0; --i) c[i] = i < r.hi ? c[i - 1] : 1.f;
   c[0] = r.hi > 0 ? (tf > 0 ? c_before : 0.f) : 1.f;
 #pragma unroll
-  for (int i = 0; i < E - 1; ++i)
-    yn[i] = (i + 1 < r.hi) ? yn[i + 1] : (kRunsEndEarly ? y_next : (tf + i + 1 == L ? init : 0.f));
-  yn[E - 1] = (r.hi == E) ? (kRunsEndEarly || tf + E < L ? y_next : init) : yn[E - 1];
+  for (int i = 0; i < E - 1; ++i) yn[i] = (i + 1 < r.hi) ? yn[i + 1] : (tf + i + 1 == L ? init : 0.f);
+  yn[E - 1] = (r.hi == E) ? (tf + E < L ? y_after : init) : yn[E - 1];
 }
 
 // Loads a thread's operands for its steps in `r` straight from global memory; thread i of
 // the block holds the E steps after thread i-1's. The backward's c[tf-1] and y[tf+E] are the
 // neighbouring lanes' end values (shuffles): only the lanes at a warp's edges load them from
 // global memory, where every lane used to (one sector per lane and load).
-// `L_tiles`: where the tiles end (the row's length L, or less: scan_tail, kPhaseShift only).
-template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false, bool kPhaseShift = false>
-__device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t L_tiles, int64_t tf,
-                                                 StepSpan r, unsigned vm, float (&v)[E], float (&c)[E],
-                                                 float (&yn)[E]) {
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false>
+__device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
+                                                 unsigned vm, float (&v)[E], float (&c)[E], float (&yn)[E]) {
   load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
   load_steps<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, 1.f, c);
   if constexpr (kBackward) {
@@ -287,14 +281,8 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
     const float y_next = __shfl_down_sync(kMask, yn[0], 1, kWidth);
     float c_before = 0.f, y_after = 0.f;
     if (r.hi > 0 && tf > 0) c_before = lane > 0 ? c_prev : to_float(s.cf[(tf - 1) * s.ls_c]);
-    if constexpr (kPhaseShift) {  // y after the thread's last step: a partial run may end before the row
-      y_after = s.init;
-      if (r.hi > 0 && tf + r.hi < L)
-        y_after = r.hi == E && tf + E < L_tiles && lane < kWidth - 1 ? y_next : to_float(s.y[(tf + r.hi) * s.ls_y]);
-    } else if (r.hi == E && tf + E < L) {
-      y_after = lane < kWidth - 1 ? y_next : to_float(s.y[(tf + E) * s.ls_y]);
-    }
-    shift_backward_operands<E, kPhaseShift>(c, yn, c_before, y_after, tf, r, L, s.init);
+    if (r.hi == E && tf + E < L) y_after = lane < kWidth - 1 ? y_next : to_float(s.y[(tf + E) * s.ls_y]);
+    shift_backward_operands<E>(c, yn, c_before, y_after, tf, r, L, s.init);
   }
   if constexpr (kEdgeVectors) {
     // Steps before the row (a shifted row's first thread) hold other data: make them identities,
@@ -387,10 +375,10 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // fwd+bwd fell from 1.00 to 0.92 on the H100). 32 steps per thread: 128 registers, a few spilled
 // words outside the step loops, for a third more warps per SM than at ~154 registers, which is
 // faster (bench/NOTES.md item 38). 16 steps per thread: the minimum of one block.
-// kPhaseShift: rows start off the 16-byte grid or end off it (odd lengths, sliced views); each block
-// shifts its tiles `phase` steps before its row, so that all but the first thread's steps are whole
-// aligned vectors in every slot of the row's phase, and ends them at the row's last vector boundary.
-// The row's last block scans the steps left (fewer than a vector) across warp 0 (scan_tail).
+// kPhaseShift: rows start off the 16-byte grid (odd lengths, sliced views); each block shifts its
+// tiles `phase` steps before its row, so that all but the first thread's steps are whole aligned
+// vectors in every slot of the row's phase. The tiles cover as many steps as the row: the row's
+// last block scans the steps left past them (fewer than a vector) across warp 0 (scan_tail).
 template <typename T, int E, int NT, bool kBackward, bool kPhaseShift>
 __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 512 / NT : 1) : 0)
     scan_tile_kernel(const ScanParams p, const TileArgs args) {
@@ -417,32 +405,24 @@ __global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 5
   constexpr bool kEdgeVectors = (kPhaseShift || sizeof(T) == 2) && !(kBackward && sizeof(T) == 2 && E == 32);
   const unsigned vm = kPhaseShift ? row_vector_slots(s, args.vec_mask, phase) : args.vec_mask;
 
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  const int64_t L_tiles = kPhaseShift ? L - (L + phase) % kVec : L;
-
   TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
   const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile - phase;
+
   for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
     const int64_t t0 = chunk_t0 + tile * kTile;
-    if (t0 >= L_tiles) break;
+    if (t0 >= L) break;
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-    const StepSpan r = step_span<E, kPhaseShift>(tf, L_tiles);
+    const StepSpan r = step_span<E, kPhaseShift>(tf, L);
     float v[E], c[E], yn[E];
-    load_tile_global<T, E, NT, kBackward, kEdgeVectors, kPhaseShift>(s, L, L_tiles, tf, r, vm, v, c, yn);
+    load_tile_global<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
     scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
     __syncthreads();  // scan_storage is reused by the next tile
   }
-  // The row's last block: warp 0 holds the state after the tiles (each lane ran the prefix callback
-  // alike), or, where none of its tiles is in the row, looks back for it.
+  // Warp 0 holds the state after the tiles (each lane ran the prefix callback alike).
   constexpr int kWarp0 = NT < 32 ? NT : 32;  // a power of two
-  int64_t tail_t0 = chunk_t0 + args.tiles_per_chunk * kTile;
-  tail_t0 = tail_t0 < L_tiles ? tail_t0 : (L_tiles > 0 ? L_tiles : 0);
-  if (kPhaseShift && chunk == args.num_chunks - 1 && tail_t0 < L && threadIdx.x < kWarp0) {
-    const TailStep st = load_tail_step<T, kBackward>(s, L, tail_t0);
-    float h = carry.carry;
-    if (lookback && chunk > 0 && chunk_t0 >= L_tiles) h = args.lb.warp_look_back(seq, p.num_seq, chunk);
-    scan_tail<T, kBackward, kWarp0>(s, L, tail_t0, h, st);
-  }
+  const int64_t tail_t0 = chunk_t0 + args.tiles_per_chunk * kTile;
+  if (kPhaseShift && chunk == args.num_chunks - 1 && tail_t0 < L && threadIdx.x < kWarp0)
+    scan_tail<T, kBackward, kWarp0>(s, L, tail_t0, carry.carry, load_tail_step<T, kBackward>(s, L, tail_t0));
 }
 
 }  // namespace linrec
