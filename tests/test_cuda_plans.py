@@ -9,6 +9,7 @@ valid for the call ("valid here: ..."), and the two agree. Skipped without a GPU
 """
 from __future__ import annotations
 
+import functools
 import zlib
 
 import pytest
@@ -145,14 +146,15 @@ _LAYOUTS = [
 ]
 
 
+def _random(g, dtype, shape, lo=None):
+    """Normal values, or uniform in [lo, 1) (coefficients), drawn in float32 and cast to dtype."""
+    t = torch.empty(shape, device="cuda")
+    t.normal_(generator=g) if lo is None else t.uniform_(lo, 1.0, generator=g)
+    return t.to(dtype)
+
+
 def _layout_inputs(shape, dim, layout, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-
-    def new(shape, lo=None):
-        t = torch.empty(shape, device="cuda")
-        t.normal_(generator=g) if lo is None else t.uniform_(lo, 1.0, generator=g)
-        return t.to(dtype)
-
+    new = functools.partial(_random, torch.Generator(device="cuda").manual_seed(seed), dtype)
     if layout == "pad":
         width = (shape[-1] + 7) // 8 * 8 + 8
         x, c = (new((*shape[:-1], width), lo)[..., :shape[-1]] for lo in (None, 0.9))
@@ -408,13 +410,7 @@ _PHASE_CASES = [("contig", 300, 3001), ("contig", 257, 1023), ("contig", 97, 5),
 
 
 def _phase_inputs(layout, rows, length, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-
-    def new(shape, lo=None):
-        t = torch.empty(shape, device="cuda")
-        t.normal_(generator=g) if lo is None else t.uniform_(lo, 1.0, generator=g)
-        return t.to(dtype)
-
+    new = functools.partial(_random, torch.Generator(device="cuda").manual_seed(seed), dtype)
     if layout == "sliced":
         x, c = new((rows, length + 1))[:, 1:], new((rows, length + 1), 0.9)[:, 1:]
     elif layout == "mixed":
