@@ -58,9 +58,10 @@ union StepVectors {
 // Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); steps outside `r` get `fill`.
 // `vec`: 16-byte vectors where `r` is full. kEdgeVectors: for a partial run too (a row's first or
 // last thread), with the same instructions: the vectors holding a step of `r` are loaded whole
-// (their 16 bytes lie within the tensor's 16-byte aligned allocation), the others read as zeros,
-// and steps outside `r` hold whatever the vectors held (the caller neutralizes those before `r`,
-// see load_tile_global; those after it reach no output).
+// (aligned 16 bytes holding a valid element cannot fault; they may reach up to 15 bytes past the
+// tensor's data, README Limitations), the others read as zeros, and steps outside `r` hold
+// whatever the vectors held (the caller neutralizes those before `r`, see load_tile_global; those
+// after it reach no output).
 template <typename T, int E, bool kEdgeVectors = false>
 __device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec, float fill,
                                            float (&out)[E]) {
@@ -246,9 +247,9 @@ __device__ __forceinline__ void scan_tail(const SeqTensors<T>& s, int64_t L, int
 
 // Backward operands of a thread's steps in `r`: step t uses c[t-1] (the coefficient one step
 // further along the forward scan) and y[t+1] (the forward state before step t; `initial` past the
-// end). `c` and `yn` hold c[t] and y[t] on entry (1 and 0 outside `r`); `c_before` is c[tf-1] and
-// `y_after` is y[tf+E] (each used only where it exists). Steps before `r` (a shifted tile's first
-// thread) see c = 1 and x = 0 from a zero state: they stay zero, whatever step 0 then takes as c.
+// end). `c` and `yn` hold c[t] and y[t] on entry; `c_before` is c[tf-1] and `y_after` is y[tf+E]
+// (each used only where it exists). Steps before `r` (a shifted tile's first thread) get c = 1 and
+// x = 0 afterwards (load_tile_global) from a zero state: they stay zero, whatever step 0 takes as c.
 template <int E>
 __device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&yn)[E], float c_before, float y_after,
                                                         int64_t tf, StepSpan r, int64_t L, float init) {
