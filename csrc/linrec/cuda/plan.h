@@ -206,8 +206,6 @@ inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int 
   const StreamConfig cfg = stream_config(elem_size, config);
   plan.kind = ScanKind::kStream;
   plan.config = config;
-  plan.phase_shift = false;
-  plan.vec_mask = vector_slots(p, elem_size);
   plan.grid = p.num_seq;
   plan.num_chunks = ceil_div(p.len, cfg.tile());
   plan.per_chunk = plan.num_chunks;
@@ -221,8 +219,6 @@ inline void plan_ring(ScanPlan& plan, const ScanParams& p, int elem_size, const 
   const RingConfig cfg = ring_config(elem_size, config);
   plan.kind = ScanKind::kRing;
   plan.config = config;
-  plan.phase_shift = false;
-  plan.vec_mask = vector_slots(p, elem_size);
   plan.num_chunks = ceil_div(p.len, cfg.tile());
   plan.per_chunk = 1;
   plan.grid = std::min<int64_t>(int64_t(dev.num_sms) * cfg.blocks, p.num_seq * plan.num_chunks);
