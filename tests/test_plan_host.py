@@ -88,10 +88,11 @@ int main() {
   show(4, 1000, 1024, 2048, 0, 2);      // strided along the scan: per-step loads
   show(4, 1000, 1023, 1023, 0, -1);     // reverse walk, odd length
   show(2, 1000, 1023, 1023, 0, 1);      // shifted rows' last steps past the tile: scan_tail
-  show(2, 100000, 1023, 1023, 0, 1);
-  show(2, 100000, 1023, 1023, 0, 1, true);  // its backward: 16 steps per thread, no per-step edges
-  show(2, 100000, 1000, 1000, 0, 1, true);  // aligned, but a partial run at the end
-  show(2, 100000, 1024, 1024, 0, 1, true);  // aligned whole runs: 32 steps per thread
+  show(2, 1000, 1023, 1023, 0, 1, true);   // its backward: 16 steps per thread, no per-step edges
+  show(2, 1000, 1000, 1000, 0, 1, true);   // aligned, but a partial run at the end
+  show(2, 1000, 1024, 1024, 0, 1, true);   // aligned whole runs: 32 steps per thread
+  show(2, 100000, 1023, 1023, 0, 1);       // many rows: the walking 512-step tile, shifted too
+  show(2, 100000, 1023, 1023, 0, 1, true);
   show(4, 16, (1 << 22) + 1, (1 << 22) + 1, 0, 1);  // few long odd rows: the tile look-back (the ring
                                                      // and stream kernels' bulk copies need aligned rows)
 }
@@ -116,9 +117,63 @@ def test_phase_shift_plans(tmp_path):
         "tile.e8t128 0 0 1 1",
         f"tile.e8t128 1 {streamed} 1 1",
         f"tile.e32t32 1 {streamed} 1 1",
-        f"tile.e32t32 1 {streamed} 1 1",
         f"tile.e16t64 1 {streamed} 1 1",
         f"tile.e16t64 0 {streamed} 1 1",
         f"tile.e32t32 0 {streamed} 1 1",
+        f"tile.e16t32 1 {streamed} 1 2",
+        f"tile.e16t32 1 {streamed} 1 2",
         f"tile.e16t128 1 {streamed} {((1 << 22) + 1 + 2047) // 2048} 1",  # 2048-step tiles
     ], got
+
+
+_WALK_PROGRAM = r"""
+#include <cstdio>
+#include "linrec/cuda/plan.h"
+using namespace linrec;
+// Prints the default plan of `rows` aligned contiguous rows of length `len` on an H100 (cc 9) or an
+// Ampere-class device (cc 8) with the H100's SM count.
+static void show(int cc, int elem_size, bool backward, long long rows, long long len) {
+  ScanParams p{};
+  p.len = len; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows; p.backward = backward;
+  alignas(16) static float buf[4];
+  for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = 1; p.bstride[s][0] = len; }
+  for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
+  const DeviceInfo dev{132, cc, 232448};
+  bool inapplicable;
+  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  std::printf("%s %lld %lld\n", config_name(plan.kind, elem_size, plan.config),
+              static_cast<long long>(plan.num_chunks), static_cast<long long>(plan.per_chunk));
+}
+int main() {
+  for (int cc : {9, 8})
+    for (int elem : {4, 2})
+      for (bool bwd : {false, true}) {
+        show(cc, elem, bwd, 131072, 1024);  // many rows: the 512-step tile, walked
+        show(cc, elem, bwd, 65536, 2048);
+        show(cc, elem, bwd, 1056, 300);     // 8 rows per SM, just over 256 steps
+        show(cc, elem, bwd, 1055, 1024);    // fewer: the tile that holds the row
+        show(cc, elem, bwd, 131072, 256);   // short rows: the 256-step tile
+      }
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_walking_tile_defaults(tmp_path):
+    """Many rows (at least 8 per SM) of more than 256 steps take the 512-step tile, walked along each
+    row, on every device; fewer rows the tile that holds a row, shorter rows the 256-step tile."""
+    src = tmp_path / "walk.cpp"
+    src.write_text(_WALK_PROGRAM)
+    exe = tmp_path / "walk"
+    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    walk = {4: "tile.e8t64", 2: "tile.e16t32"}
+    whole = {4: "tile.e8t128", 2: "tile.e32t32"}
+    short = {4: "tile.e8t32", 2: "tile.e16t16"}
+    expect = []
+    for _cc in (9, 8):
+        for elem in (4, 2):
+            for _bwd in (0, 1):
+                expect += [f"{walk[elem]} 1 2", f"{walk[elem]} 1 4", f"{walk[elem]} 1 1", f"{whole[elem]} 1 1",
+                           f"{short[elem]} 1 1"]
+    assert got == expect

@@ -24,15 +24,16 @@ struct TileConfig {
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
 };
 // 4-byte: 256-step tiles for short rows, 1024 for the common L=1024 in one tile, 4096 for long
-// rows; then a 2048-step tile and a 1024-step tile of fewer threads.
+// rows; then a 2048-step tile, a 1024-step tile of fewer threads, and the 512-step tile of two
+// warps that blocks walking many rows take (plan_tile).
 constexpr TileConfig kTileConfigs4B[] = {
-    {"tile.e8t32", 8, 32}, {"tile.e8t128", 8, 128}, {"tile.e16t256", 16, 256}, {"tile.e16t128", 16, 128},
-    {"tile.e16t64", 16, 64}};
-// 2-byte: the same tile sizes with twice the steps per thread.
+    {"tile.e8t32", 8, 32},    {"tile.e8t128", 8, 128}, {"tile.e16t256", 16, 256}, {"tile.e16t128", 16, 128},
+    {"tile.e16t64", 16, 64}, {"tile.e8t64", 8, 64}};
+// 2-byte: the same tile sizes with twice the steps per thread (the 512-step tile: one warp).
 constexpr TileConfig kTileConfigs2B[] = {
-    {"tile.e16t16", 16, 16}, {"tile.e32t32", 32, 32}, {"tile.e32t128", 32, 128}, {"tile.e32t64", 32, 64},
-    {"tile.e16t64", 16, 64}};
-constexpr int kNumTileConfigs = 5;
+    {"tile.e16t16", 16, 16},  {"tile.e32t32", 32, 32}, {"tile.e32t128", 32, 128}, {"tile.e32t64", 32, 64},
+    {"tile.e16t64", 16, 64}, {"tile.e16t32", 16, 32}};
+constexpr int kNumTileConfigs = 6;
 constexpr TileConfig tile_config(int elem_size, int i) {
   return elem_size == 2 ? kTileConfigs2B[i] : kTileConfigs4B[i];
 }

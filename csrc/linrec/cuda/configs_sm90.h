@@ -6,6 +6,7 @@
 namespace linrec {
 
 struct ScanDefaults {
+  int tile_walk;      // tile config of blocks that walk rows of more than 256 steps, when they are many
   int tile_lookback;  // tile config when a sequence spans blocks chained by look-back
   int stream;         // stream config, or -1: no stream kernel
   int ring;           // ring config for fewer sequences than the stream kernel takes, or -1
@@ -15,6 +16,12 @@ struct ScanDefaults {
 
 inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width) {
   ScanDefaults d{};
+  // Many rows (at least 8 per SM) walked tile by tile take 512-step tiles, one warp (2-byte) or two
+  // (4-byte), whatever the rows' length: more, smaller blocks keep more loads in flight than one tile
+  // holding the row (bench/NOTES.md item 48; H200 backward, of a vector add: bf16 65536 x 2048 0.34
+  // -> 0.83, float32 131072 x 1024 0.86 -> 0.97).
+  d.tile_walk = 5;
+  static_assert(kTileConfigs4B[5].tile() == 512 && kTileConfigs2B[5].tile() == 512, "the walking tile");
   // The tuner's choices for the look-back buckets (16 x 2^22, 4 x 2^24) on the H100 and the H200:
   // 4-byte forward 2048-step tiles of 128 threads (H100 16 x 2^22: 0.65 of torch.add vs 0.56 with
   // 1024-step tiles), backward 1024-step tiles of 128 threads; 2-byte 4096-step tiles of 128

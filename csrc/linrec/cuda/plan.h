@@ -161,7 +161,7 @@ static_assert(kTileConfigs2B[kTile2B32x32].elems == 32 && kTileConfigs2B[kTile2B
               kTileConfigs2B[kTile2B16x64].elems == 16 && kTileConfigs2B[kTile2B16x64].threads == 64);
 
 inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config,
-                      int lookback_default) {
+                      int lookback_default, int walk_config) {
   plan.phase_shift = tile_phase_shift(p, elem_size);
   if (plan.phase_shift) plan.vec_mask = vector_slots(p, elem_size, /*aligned=*/false);
   const int64_t L = p.len;
@@ -182,7 +182,8 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
   if (tiles == 1 || p.num_seq >= 2 * resident_blocks || !whole_warp || p.deterministic) {
     // Enough sequences for two waves of blocks: a block walks all tiles of a sequence, the other
     // resident blocks hide its latency.
-    plan.config = config >= 0 ? config : by_length;
+    const bool walk_default = walk_config >= 0 && L > 256 && p.num_seq >= 8 * int64_t(dev.num_sms);
+    plan.config = config >= 0 ? config : walk_default ? walk_config : by_length;
     // The 2-byte 32-step backward loads a partial run per step (its registers are capped, see
     // scan_tile_kernel): rows with one (off the grid, or of a length not a multiple of 32) take the
     // 16-step config of the same 1024-step tile instead (bf16 131072 x 1000 fwd+bwd at 0.48 of
@@ -191,7 +192,7 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
         (plan.phase_shift || L % 32 != 0))
       plan.config = kTile2B16x64;
     plan.num_chunks = 1;
-    plan.per_chunk = tiles;
+    plan.per_chunk = ceil_div(L, tile_config(elem_size, plan.config).tile());
   } else {
     // Fewer sequences than SMs can hide: one tile per block, the tiles of a sequence chained by
     // look-back (not under deterministic algorithms, see params.h).
@@ -276,9 +277,9 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     } else if (req.index >= 0 && req.kind == ScanKind::kRing) {
       plan_ring(plan, p, elem_size, dev, req.index);
     } else if (req.index >= 0) {
-      plan_tile(plan, p, elem_size, dev, req.index, def.tile_lookback);
+      plan_tile(plan, p, elem_size, dev, req.index, def.tile_lookback, def.tile_walk);
     } else {
-      plan_tile(plan, p, elem_size, dev, -1, def.tile_lookback);
+      plan_tile(plan, p, elem_size, dev, -1, def.tile_lookback, def.tile_walk);
       // The stream kernel instead of the look-back for about as many sequences as SMs (a block
       // for at least 3/4 of them): the look-back reached ~0.55 of torch.add on few-long (H200).
       if (plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && def.stream >= 0 &&

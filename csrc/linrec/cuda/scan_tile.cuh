@@ -375,13 +375,20 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // has none: with one block it took 84 registers instead of 58 for {8,128}, and many-short
 // fwd+bwd fell from 1.00 to 0.92 on the H100). 32 steps per thread: 128 registers, a few spilled
 // words outside the step loops, for a third more warps per SM than at ~154 registers, which is
-// faster (bench/NOTES.md item 38). 16 steps per thread: the minimum of one block.
+// faster (bench/NOTES.md item 38). 16 steps per thread over whole warps: 80 registers, 24 warps per
+// SM instead of 16 at ~110 (item 48: tile.e16t64 on bf16 131072 x 1024, 0.62 -> 0.77 of a vector
+// add on the H200, 0.80 -> 0.94 on the H100); over 16 threads the minimum of one block.
 // kPhaseShift: rows start off the 16-byte grid (odd lengths, sliced views); each block shifts its
 // tiles `phase` steps before its row, so that all but the first thread's steps are whole aligned
 // vectors in every slot of the row's phase. The tiles cover as many steps as the row: the row's
 // last block scans the steps left past them (fewer than a vector) across warp 0 (scan_tail).
+template <typename T, int E, int NT, bool kBackward>
+constexpr int tile_min_blocks() {
+  if (!kBackward || sizeof(T) != 2) return 0;
+  return E == 32 ? 512 / NT : NT >= 32 ? 768 / NT : 1;
+}
 template <typename T, int E, int NT, bool kBackward, bool kPhaseShift>
-__global__ void __launch_bounds__(NT, kBackward && sizeof(T) == 2 ? (E == 32 ? 512 / NT : 1) : 0)
+__global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
     scan_tile_kernel(const ScanParams p, const TileArgs args) {
   constexpr int kTile = E * NT;
   __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
