@@ -9,6 +9,8 @@
 #pragma once
 #include <cub/block/block_scan.cuh>
 
+#include <type_traits>
+
 #include "scan_common.cuh"
 
 namespace linrec {
@@ -299,6 +301,99 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
   }
 }
 
+// The 2-byte backward's c and y in the tile kernel, kept packed: E steps in walk order, two per
+// 32-bit word (the even step in the low half), converted to float where read (the reduction and
+// the replay read c, the replay y). Half the registers of float arrays: the 16-step tile over a
+// warp fits 64 registers (bench/NOTES.md item 49).
+template <typename T, int E>
+struct PackedSteps {
+  uint32_t w[E / 2];
+
+  static __device__ __forceinline__ uint32_t bits(T v) { return reinterpret_cast<const unsigned short&>(v); }
+  __device__ __forceinline__ float operator[](int i) const {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      return __uint_as_float(i & 1 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16);
+    else
+      return to_float(__ushort_as_half(static_cast<unsigned short>(i & 1 ? w[i / 2] >> 16 : w[i / 2] & 0xffffu)));
+  }
+  __device__ __forceinline__ void set(int i, float f) {
+    const uint32_t b = bits(from_float<T>(f));
+    w[i / 2] = i & 1 ? (w[i / 2] & 0xffffu) | b << 16 : (w[i / 2] & 0xffff0000u) | b;
+  }
+};
+
+// load_steps into PackedSteps (steps outside `r` read as zeros, or what their vector held).
+template <typename T, int E, bool kEdgeVectors>
+__device__ __forceinline__ void load_packed(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec,
+                                            PackedSteps<T, E>& out) {
+  using V = StepVectors<T, E>;
+  if (vec && (kEdgeVectors || r.full(E))) {
+    V buf;
+    const uint4* src = reinterpret_cast<const uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
+#pragma unroll
+    for (int k = 0; k < E / V::kVec; ++k) {
+      const int w = V::first_step(k, ls < 0);
+      buf.u[k] = !kEdgeVectors || (w < r.hi && w + V::kVec > r.lo) ? src[k] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(buf.u);
+#pragma unroll
+    for (int j = 0; j < E / 2; ++j) out.w[j] = ls > 0 ? words[j] : __byte_perm(words[E / 2 - 1 - j], 0u, 0x1032);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < E / 2; ++j) {
+    const uint32_t lo = r.has(2 * j) ? PackedSteps<T, E>::bits(base[(tf + 2 * j) * ls]) : 0u;
+    const uint32_t hi = r.has(2 * j + 1) ? PackedSteps<T, E>::bits(base[(tf + 2 * j + 1) * ls]) : 0u;
+    out.w[j] = lo | hi << 16;
+  }
+}
+
+// load_tile_global of the 2-byte backward with c and y packed: the same steps and shifts (c[t-1],
+// y[t+1], shift_backward_operands), the shifts done on the words (one byte permute per word).
+template <typename T, int E, int NT, bool kEdgeVectors>
+__device__ __forceinline__ void load_tile_global_packed(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
+                                                        unsigned vm, float (&v)[E], PackedSteps<T, E>& c,
+                                                        PackedSteps<T, E>& yn) {
+  using P = PackedSteps<T, E>;
+  load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
+  P cr, yr;
+  load_packed<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, cr);
+  load_packed<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, yr);
+  constexpr int kWidth = NT < 32 ? NT : 32;  // a power of two
+  constexpr unsigned kMask = kWidth == 32 ? 0xffffffffu : (1u << kWidth) - 1;
+  const int lane = threadIdx.x & (kWidth - 1);
+  // The neighbouring lanes' end steps, as in load_tile_global (bits; zero bits are +0).
+  const uint32_t c_prev = __shfl_up_sync(kMask, cr.w[E / 2 - 1], 1, kWidth) >> 16;
+  const uint32_t y_next = __shfl_down_sync(kMask, yr.w[0], 1, kWidth) & 0xffffu;
+  uint32_t c_before = 0u, y_after = 0u;
+  if (r.hi > 0 && tf > 0) c_before = lane > 0 ? c_prev : P::bits(s.cf[(tf - 1) * s.ls_c]);
+  if (r.hi == E)
+    y_after = tf + E == L ? P::bits(from_float<T>(s.init))
+                          : (lane < kWidth - 1 ? y_next : P::bits(s.y[(tf + E) * s.ls_y]));
+  c.w[0] = c_before | cr.w[0] << 16;
+#pragma unroll
+  for (int j = 1; j < E / 2; ++j) c.w[j] = __byte_perm(cr.w[j - 1], cr.w[j], 0x5432);
+#pragma unroll
+  for (int j = 0; j < E / 2 - 1; ++j) yn.w[j] = __byte_perm(yr.w[j], yr.w[j + 1], 0x5432);
+  yn.w[E / 2 - 1] = __byte_perm(yr.w[E / 2 - 1], y_after, 0x5432);
+  if (r.hi < E) {  // the row ends within (or before) this thread's steps
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      if (i >= r.hi) c.set(i, 1.f);
+      if (i < E - 1 && i + 1 >= r.hi) yn.set(i, tf + i + 1 == L ? s.init : 0.f);
+    }
+  }
+  if constexpr (kEdgeVectors) {  // steps before the row: identities (load_tile_global)
+    if (r.lo > 0) {
+#pragma unroll
+      for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) {
+        if (i < r.lo) v[i] = 0.f;
+        if (i < r.lo + 1) c.set(i, 1.f);
+      }
+    }
+  }
+}
+
 // Replays a thread's steps from the state `h` before them: v becomes the states (the
 // forward's y, the backward's dx) and, in the backward, yn (the shifted y) becomes dc = dx * yn.
 // Returns the state after the thread's last step in `r`.
@@ -315,6 +410,21 @@ __device__ __forceinline__ float replay_steps(float h, StepSpan r, float (&v)[E]
   if constexpr (kBackward) {
 #pragma unroll
     for (int i = 0; i < E; ++i) yn[i] *= v[i];
+  }
+  return h_last;
+}
+
+// replay_steps with packed c and y (the tile kernel's 2-byte backward): dc = dx * yn into `dc`.
+template <int E, typename T>
+__device__ __forceinline__ float replay_steps(float h, StepSpan r, float (&v)[E], const PackedSteps<T, E>& c,
+                                              const PackedSteps<T, E>& yn, float (&dc)[E]) {
+  float h_last = 0.f;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    h = fmaf(c[i], h, v[i]);
+    v[i] = h;
+    dc[i] = h * yn[i];
+    if (i < r.hi) h_last = h;
   }
   return h_last;
 }
@@ -339,17 +449,22 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
 // Replays a thread's steps from the state `h` before them and stores the outputs.
 // (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
 // many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
-template <typename T, int E, bool kBackward, bool kEdgeVectors>
+template <typename T, int E, bool kBackward, bool kEdgeVectors, typename C, typename Y>
 __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
-                                                 unsigned vm, float h, float (&v)[E], const float (&c)[E],
-                                                 float (&yn)[E]) {
-  const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
-  store_outputs<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, 0u, h_last, v, yn);
+                                                 unsigned vm, float h, float (&v)[E], const C& c, Y& yn) {
+  if constexpr (std::is_same_v<Y, PackedSteps<T, E>>) {
+    float dc[E];
+    const float h_last = replay_steps<E>(h, r, v, c, yn, dc);
+    store_outputs<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, 0u, h_last, v, dc);
+  } else {
+    const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
+    store_outputs<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, 0u, h_last, v, yn);
+  }
 }
 
 // The affine map of a thread's E steps.
-template <int E>
-__device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const float (&c)[E]) {
+template <int E, typename C>
+__device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const C& c) {
   Affine agg{1.f, 0.f};
 #pragma unroll
   for (int i = 0; i < E; ++i) agg = ComposeOp()(agg, Affine{c[i], v[i]});
@@ -359,11 +474,10 @@ __device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const float 
 // Scans a tile whose operands are in registers: each thread reduces its E steps to one
 // affine map, cub::BlockScan (with `carry` as prefix callback) gives its exclusive prefix,
 // and the thread replays its steps from there and stores them.
-template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors>
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, typename C, typename Y>
 __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
                                                     TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
-                                                    StepSpan r, unsigned vm, float (&v)[E], const float (&c)[E],
-                                                    float (&yn)[E]) {
+                                                    StepSpan r, unsigned vm, float (&v)[E], const C& c, Y& yn) {
   Affine prefix;
   cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
   replay_and_store<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, prefix.b, v, c, yn);
@@ -373,19 +487,20 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // (num_chunks > 1), one block per tile, chained to its predecessors across blocks.
 // The 2-byte backward's minimum blocks per SM steer ptxas' register target (the 4-byte backward
 // has none: with one block it took 84 registers instead of 58 for {8,128}, and many-short
-// fwd+bwd fell from 1.00 to 0.92 on the H100). 32 steps per thread: 128 registers, a few spilled
-// words outside the step loops, for a third more warps per SM than at ~154 registers, which is
-// faster (bench/NOTES.md item 38). 16 steps per thread over whole warps: 80 registers, 24 warps per
-// SM instead of 16 at ~110 (item 48: tile.e16t64 on bf16 131072 x 1024, 0.62 -> 0.77 of a vector
-// add on the H200, 0.80 -> 0.94 on the H100); over 16 threads the minimum of one block.
+// fwd+bwd fell from 1.00 to 0.92 on the H100). With c and y packed (PackedSteps), 32 steps per
+// thread take 113-128 registers at 16 warps per SM (item 38); 16 steps over one warp 64, 20
+// spilled bytes, for 32 warps per SM (H200 bf16 131072 x 1024: 0.93 of a vector add, 0.90 at 71
+// registers and 28 warps; item 49); over two warps 72 (28 warps; 64 spilled 84 bytes and ran
+// slower); over 16 threads the minimum of one block.
 // kPhaseShift: rows start off the 16-byte grid (odd lengths, sliced views); each block shifts its
 // tiles `phase` steps before its row, so that all but the first thread's steps are whole aligned
 // vectors in every slot of the row's phase. The tiles cover as many steps as the row: the row's
 // last block scans the steps left past them (fewer than a vector) across warp 0 (scan_tail).
+// Minimum blocks per SM of scan_tile_kernel (see there).
 template <typename T, int E, int NT, bool kBackward>
 constexpr int tile_min_blocks() {
   if (!kBackward || sizeof(T) != 2) return 0;
-  return E == 32 ? 512 / NT : NT >= 32 ? 768 / NT : 1;
+  return E == 32 ? 512 / NT : NT == 32 ? 32 : NT > 32 ? 896 / NT : 1;
 }
 template <typename T, int E, int NT, bool kBackward, bool kPhaseShift>
 __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
@@ -412,6 +527,9 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
   // forward would take 54 registers instead of 46: fewer blocks per SM).
   constexpr bool kEdgeVectors = (kPhaseShift || sizeof(T) == 2) && !(kBackward && sizeof(T) == 2 && E == 32);
   const unsigned vm = kPhaseShift ? row_vector_slots(s, args.vec_mask, phase) : args.vec_mask;
+  // The 2-byte backward keeps c and y packed (PackedSteps), the rest float arrays.
+  constexpr bool kPacked = kBackward && sizeof(T) == 2;
+  using Operands = std::conditional_t<kPacked, PackedSteps<T, E>, float[E]>;
 
   TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
   const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile - phase;
@@ -421,8 +539,12 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
     if (t0 >= L) break;
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
     const StepSpan r = step_span<E, kPhaseShift>(tf, L);
-    float v[E], c[E], yn[E];
-    load_tile_global<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
+    float v[E];
+    Operands c, yn;
+    if constexpr (kPacked)
+      load_tile_global_packed<T, E, NT, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
+    else
+      load_tile_global<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
     scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
     __syncthreads();  // scan_storage is reused by the next tile
   }
