@@ -57,6 +57,22 @@ union StepVectors {
   static __device__ __forceinline__ int first_step(int k, bool rev) { return rev ? E - (k + 1) * kVec : k * kVec; }
 };
 
+// The 16-byte vectors holding steps tf .. tf+E-1 (element t at base + t * ls), in memory order;
+// kEdgeVectors: those holding no step of `r` read as zeros (see load_steps).
+template <typename T, int E, bool kEdgeVectors>
+__device__ __forceinline__ StepVectors<T, E> load_vectors(const T* base, int64_t ls, int64_t tf, StepSpan r) {
+  using V = StepVectors<T, E>;
+  static_assert(E % V::kVec == 0, "E must be a multiple of the 16-byte vector width");
+  V buf;
+  const uint4* src = reinterpret_cast<const uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
+#pragma unroll
+  for (int k = 0; k < E / V::kVec; ++k) {
+    const int w = V::first_step(k, ls < 0);
+    buf.u[k] = !kEdgeVectors || (w < r.hi && w + V::kVec > r.lo) ? src[k] : make_uint4(0u, 0u, 0u, 0u);
+  }
+  return buf;
+}
+
 // Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); steps outside `r` get `fill`.
 // `vec`: 16-byte vectors where `r` is full. kEdgeVectors: for a partial run too (a row's first or
 // last thread), with the same instructions: the vectors holding a step of `r` are loaded whole
@@ -67,16 +83,8 @@ union StepVectors {
 template <typename T, int E, bool kEdgeVectors = false>
 __device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec, float fill,
                                            float (&out)[E]) {
-  using V = StepVectors<T, E>;
-  static_assert(E % V::kVec == 0, "E must be a multiple of the 16-byte vector width");
   if (vec && (kEdgeVectors || r.full(E))) {
-    V buf;
-    const uint4* src = reinterpret_cast<const uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
-#pragma unroll
-    for (int k = 0; k < E / V::kVec; ++k) {
-      const int w = V::first_step(k, ls < 0);
-      buf.u[k] = !kEdgeVectors || (w < r.hi && w + V::kVec > r.lo) ? src[k] : make_uint4(0u, 0u, 0u, 0u);
-    }
+    const StepVectors<T, E> buf = load_vectors<T, E, kEdgeVectors>(base, ls, tf, r);
     if (ls > 0) {
 #pragma unroll
       for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[i]);
@@ -326,15 +334,8 @@ struct PackedSteps {
 template <typename T, int E, bool kEdgeVectors>
 __device__ __forceinline__ void load_packed(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec,
                                             PackedSteps<T, E>& out) {
-  using V = StepVectors<T, E>;
   if (vec && (kEdgeVectors || r.full(E))) {
-    V buf;
-    const uint4* src = reinterpret_cast<const uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
-#pragma unroll
-    for (int k = 0; k < E / V::kVec; ++k) {
-      const int w = V::first_step(k, ls < 0);
-      buf.u[k] = !kEdgeVectors || (w < r.hi && w + V::kVec > r.lo) ? src[k] : make_uint4(0u, 0u, 0u, 0u);
-    }
+    const StepVectors<T, E> buf = load_vectors<T, E, kEdgeVectors>(base, ls, tf, r);
     const uint32_t* words = reinterpret_cast<const uint32_t*>(buf.u);
 #pragma unroll
     for (int j = 0; j < E / 2; ++j) out.w[j] = ls > 0 ? words[j] : __byte_perm(words[E / 2 - 1 - j], 0u, 0x1032);
