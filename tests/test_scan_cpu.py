@@ -105,6 +105,28 @@ def test_transposed_rows(reverse):
     _check(x.t(), c.t(), gy.t(), h0, -1, reverse, torch.float32)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("shared_coeffs", [False, True])
+def test_forward_batch_invariant(reverse, shared_coeffs):
+    """Each row's forward output has the same bits alone as in any batch, wherever it falls (a
+    kernel that walks rows together, e.g. two per vector, must keep this)."""
+    x, c, _, h0 = _inputs((7, 1037), -1, torch.float32, with_initial=True)
+    if shared_coeffs:
+        c = c[:1].expand(7, 1037)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # no split along L (a single long row is chained across threads)
+    try:
+        y = scan_op(x, c, h0, -1, reverse, None, None)
+        for i in range(7):
+            alone = scan_op(x[i:i + 1], c[i:i + 1], h0[i:i + 1], -1, reverse, None, None)
+            assert torch.equal(alone[0], y[i]), i
+            assert torch.equal(scan_op(x[i:i + 3], c[i:i + 3], h0[i:i + 3], -1, reverse, None, None)[0], y[i]), i
+    finally:
+        torch.set_num_threads(threads)
+    y_ref = chunked_scan(x.double(), c.double(), h0.double(), dim=-1, reverse=reverse)
+    assert_close_scaled(y, y_ref, torch.float32, "y")
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_layouts_agree_to_the_bit(dtype):
     """A broadcast grad_y (the strided path) and the same values materialised (the rows kernel, or the
