@@ -119,6 +119,31 @@ def test_runs_on_current_stream():
         assert_close_scaled(got, want, torch.float32, f"{what} on a side stream")
 
 
+def test_lookback_workspace_reuse():
+    """Look-back launches of one stream share a kept workspace, each taking the half its predecessor
+    left zero and zeroing the other (launch.h): a run of launches of different sizes, layouts and
+    directions, some on a side stream in between, each matches the reference. A half left dirty
+    (stale status entries of a larger earlier launch, a used ticket counter) would give wrong states
+    or chunks out of range. The (8, 4096, 512) channel scan's workspace (2 MB) is too large to keep
+    and takes a fresh one between the others."""
+    cases = [((2, 1 << 17), -1, False), ((3, 40000), -1, True), ((1, 3000, 64), 1, False), ((8, 4096, 512), 1, True),
+             ((5, 1 << 15), -1, False), ((1, 3000, 64), 1, True), ((2, 1 << 17), -1, False)]
+    side = torch.cuda.Stream()
+    for i, (shape, dim, reverse) in enumerate(cases * 2):
+        x, c, h0 = _inputs(shape, dim, torch.float32, seed=i)
+        stream = side if i % 3 == 2 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            y = scan_op(x, c, h0, dim, reverse)
+            gy = torch.randn_like(y)
+            grads = scan_backward_op(gy, c, y, h0, dim, reverse)
+        torch.cuda.current_stream().wait_stream(stream)
+        assert_close_scaled(y, chunked_scan(x, c, h0, dim, reverse), torch.float32, f"forward {i} {shape}")
+        refs = scan_backward_ref(gy, c, y, h0, dim, reverse, scan=chunked_scan)
+        for what, got, want in zip(("grad_x", "grad_coeffs", "grad_initial"), grads, refs):
+            assert_close_scaled(got, want, torch.float32, f"{what} {i} {shape}")
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_second_device():
     x, c, h0 = (t.to("cuda:1") for t in _inputs((3, 5000), -1, torch.float32))

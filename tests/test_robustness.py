@@ -225,13 +225,16 @@ def _graph_capture_replay(backend, shape, cshape, dim):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static = step()
-    with torch.no_grad():
-        x.copy_(torch.randn(shape, generator=_gen("new")).cuda())
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = step()
-    for a, b in zip(static, eager):
-        assert torch.equal(a, b)
+    # Replayed twice with new inputs: a look-back status or ticket counter left by one replay must
+    # not reach the next (a captured launch takes a fresh workspace, zeroed in the graph).
+    for key in ("new", "newer"):
+        with torch.no_grad():
+            x.copy_(torch.randn(shape, generator=_gen(key)).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step()
+        for a, b in zip(static, eager):
+            assert torch.equal(a, b)
     fwd_graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(fwd_graph):
         y_static = torch_linrec.scan(x, c, None, dim, False, backend=backend)

@@ -15,12 +15,14 @@ template <> struct StorageType<ScanDType::kFloat32> { using type = float; };
 template <> struct StorageType<ScanDType::kFloat16> { using type = __half; };
 template <> struct StorageType<ScanDType::kBFloat16> { using type = __nv_bfloat16; };
 
-inline LookbackState lookback_state(const ScanPlan& plan, void* workspace) {
+inline LookbackState lookback_state(const ScanPlan& plan, const LookbackWorkspace& ws) {
   LookbackState lb{};
   if (plan.workspace_bytes == 0) return lb;
-  char* base = static_cast<char*>(workspace);
+  char* base = static_cast<char*>(ws.base);
   lb.counter = reinterpret_cast<unsigned long long*>(base);
   lb.status = reinterpret_cast<unsigned long long*>(base + 16);
+  lb.clean = static_cast<uint4*>(ws.clean);
+  lb.clean_vectors = static_cast<int64_t>(ws.clean_bytes / 16);
   return lb;
 }
 
@@ -37,14 +39,14 @@ cudaError_t with_config(int index, F&& f) {
 }
 
 template <ScanDType kDType, bool kBackward>
-cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, void* workspace, cudaStream_t stream) {
+cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, const LookbackWorkspace& ws, cudaStream_t stream) {
   using T = typename StorageType<kDType>::type;
   if (plan.grid == 0) return cudaSuccess;
-  if (plan.zeroed_bytes > 0) {
-    const cudaError_t err = cudaMemsetAsync(workspace, 0, plan.zeroed_bytes, stream);
+  if (plan.workspace_bytes > 0 && ws.zero) {
+    const cudaError_t err = cudaMemsetAsync(ws.base, 0, plan.workspace_bytes, stream);
     if (err != cudaSuccess) return err;
   }
-  const LookbackState lb = lookback_state(plan, workspace);
+  const LookbackState lb = lookback_state(plan, ws);
   switch (plan.kind) {
     case ScanKind::kTile:
       return with_config<kNumTileConfigs>(plan.config, [&](auto i) {

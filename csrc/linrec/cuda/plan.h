@@ -45,8 +45,7 @@ struct ScanPlan {
   unsigned vec_mask;       // tile, stream and ring kernels: slots that take 16-byte vector accesses
   bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles shifted per row (scan_tile_kernel)
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
-  size_t workspace_bytes;  // look-back status (0 without look-back)
-  size_t zeroed_bytes;     // prefix of the workspace that must be zero at launch
+  size_t workspace_bytes;  // look-back counters and status (0 without look-back; launch.h)
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -294,9 +293,8 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     }
   }
   if ((plan.num_chunks > 1 && plan.kind != ScanKind::kStream) || plan.kind == ScanKind::kRing) {
-    // look-back: a counter, then two status words per (sequence, chunk)
+    // look-back: two counters, then two status words per (sequence, chunk)
     plan.workspace_bytes = 16 + static_cast<size_t>(p.num_seq * plan.num_chunks) * 16;
-    plan.zeroed_bytes = plan.workspace_bytes;
   }
   return plan;
 }

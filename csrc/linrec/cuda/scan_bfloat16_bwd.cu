@@ -2,5 +2,5 @@
 #include "launch.cuh"
 
 namespace linrec {
-template cudaError_t launch_scan<ScanDType::kBFloat16, true>(const ScanParams&, const ScanPlan&, void*, cudaStream_t);
+template cudaError_t launch_scan<ScanDType::kBFloat16, true>(const ScanParams&, const ScanPlan&, const LookbackWorkspace&, cudaStream_t);
 }  // namespace linrec

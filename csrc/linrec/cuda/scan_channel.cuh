@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   const LookbackState lb = args.lb;
   const bool lookback = args.num_chunks > 1;
   if (lookback) {  // chunk-major dynamic order: predecessors of a span were started before it
+    lb.clean_up();
     if (threadIdx.x == 0) s_vid = static_cast<int64_t>(atomicAdd(lb.counter, 1ull));
     __syncthreads();
   }

@@ -94,10 +94,20 @@ __device__ __forceinline__ void accumulate_steps(float* acc, int64_t ls, int64_t
 // Word 1: (kAggregate, b), later overwritten by (kInclusive, state after the chunk). An entry is
 // read with one 16-byte load (one round trip; each word is read whole, but the pair is not
 // atomic): a reader that sees word 1 flagged kAggregate but word 0 still zero polls again. The
-// workspace is zeroed before each launch.
+// counter and the status are zero at launch: zeroed before it, or left zero by the launch before
+// on the same stream, which cleans the region its predecessor used (launch.h).
 struct LookbackState {
   unsigned long long* counter;  // dynamic chunk order: blocks take ids in the order they start
   unsigned long long* status;   // 2 words per entry, 16-byte aligned
+  uint4* clean;                 // a region to zero, `clean_vectors` 16-byte words (or none)
+  int64_t clean_vectors;
+
+  // Zeroes this block's share of the region to clean (every block calls it once, all threads).
+  __device__ __forceinline__ void clean_up() const {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < clean_vectors; i += stride)
+      clean[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
 
   static constexpr unsigned kAggregate = 1, kInclusive = 2;
 

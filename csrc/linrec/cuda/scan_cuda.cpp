@@ -1,13 +1,17 @@
 // CUDA registration of linrec::scan and linrec::scan_backward: resolves the config name, plans the
-// launch from the device's properties, allocates the look-back workspace from PyTorch's caching
-// allocator and calls the kernels on the current stream.
+// launch from the device's properties, takes the look-back workspace (kept per stream, or fresh from
+// PyTorch's caching allocator) and calls the kernels on the current stream.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "../../common/errors.h"
 #include "../ops.h"
@@ -17,7 +21,7 @@ namespace linrec {
 namespace {
 
 template <bool kBackward>
-cudaError_t launch_dtype(at::ScalarType dtype, const ScanParams& p, const ScanPlan& plan, void* ws,
+cudaError_t launch_dtype(at::ScalarType dtype, const ScanParams& p, const ScanPlan& plan, const LookbackWorkspace& ws,
                          cudaStream_t stream) {
   switch (dtype) {
     case at::kFloat:
@@ -61,6 +65,40 @@ ConfigRequest parse_config(const OptConfig& config, int elem_size) {
   return ConfigRequest{};
 }
 
+// Look-back workspaces kept between calls, one per (device, stream). A small call's host time
+// went mostly to allocating and zeroing its workspace (bench/NOTES.md item 42). A kept buffer has
+// two halves of kMaxKeptBytes: launches on one stream run in order, so each takes the half its
+// predecessor left zero and its kernel zeroes the other (launch.h). Larger workspaces, launches
+// captured into a CUDA graph (whose replays would find their half used) and streams past the first
+// kMaxKeptStreams take a fresh workspace each call, zeroed before the launch.
+constexpr size_t kMaxKeptBytes = size_t{1} << 19;  // 32767 look-back entries
+constexpr size_t kMaxKeptStreams = 64;
+
+struct KeptWorkspace {
+  std::mutex mutex;  // held from taking a half to the launch
+  at::Tensor memory;  // 2 x kMaxKeptBytes
+  int zero_half = 0;  // the half that is all zero
+  size_t dirty_bytes = 0;  // of the other half, from its offset 0
+};
+
+KeptWorkspace* kept_workspace(const ScanPlan& plan, const c10::cuda::CUDAStream& stream) {
+  if (plan.workspace_bytes > kMaxKeptBytes) return nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream.stream(), &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+    return nullptr;
+  static std::mutex map_mutex;
+  // Never destroyed: their CUDA memory must not be freed after the runtime shuts down at exit.
+  static auto* kept = new std::map<std::pair<int, c10::StreamId>, std::unique_ptr<KeptWorkspace>>();
+  const std::lock_guard<std::mutex> lock(map_mutex);
+  const auto key = std::make_pair(static_cast<int>(stream.device_index()), stream.id());
+  auto it = kept->find(key);
+  if (it == kept->end()) {
+    if (kept->size() >= kMaxKeptStreams) return nullptr;
+    it = kept->emplace(key, std::make_unique<KeptWorkspace>()).first;
+  }
+  return it->second.get();
+}
+
 void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& device, const OptConfig& config) {
   const c10::cuda::CUDAGuard guard(device);
   const int elem_size = static_cast<int>(c10::elementSize(dtype));
@@ -75,13 +113,32 @@ void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& de
                     ") on this device; valid here: ", applicable_config_names(p, elem_size, dev));
   TORCH_CHECK_VALUE(plan.grid <= std::numeric_limits<int32_t>::max(), "linrec.scan: ", num(p.num_seq),
                     " sequences of length ", num(p.len), " need ", num(plan.grid), " blocks, more than a CUDA grid holds");
-  at::Tensor workspace;
-  if (plan.workspace_bytes > 0)
-    workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
-  void* ws = plan.workspace_bytes > 0 ? workspace.data_ptr() : nullptr;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const cudaError_t err = p.backward ? launch_dtype<true>(dtype, p, plan, ws, stream)
-                                     : launch_dtype<false>(dtype, p, plan, ws, stream);
+  const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  const auto launch = [&](const LookbackWorkspace& ws) {
+    return p.backward ? launch_dtype<true>(dtype, p, plan, ws, stream) : launch_dtype<false>(dtype, p, plan, ws, stream);
+  };
+  cudaError_t err;
+  if (plan.workspace_bytes == 0 || plan.grid == 0) {
+    err = launch(LookbackWorkspace{});
+  } else if (KeptWorkspace* kept = kept_workspace(plan, stream)) {
+    const std::lock_guard<std::mutex> lock(kept->mutex);
+    if (!kept->memory.defined()) {
+      kept->memory = at::zeros({2 * static_cast<int64_t>(kMaxKeptBytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+      kept->zero_half = 0;
+      kept->dirty_bytes = 0;
+    }
+    char* const halves = static_cast<char*>(kept->memory.data_ptr());
+    const int use = kept->zero_half;
+    err = launch(LookbackWorkspace{halves + use * kMaxKeptBytes, false, halves + (1 - use) * kMaxKeptBytes,
+                                   kept->dirty_bytes});
+    kept->zero_half = 1 - use;
+    kept->dirty_bytes = plan.workspace_bytes;
+    if (err != cudaSuccess) kept->memory = at::Tensor();  // which parts are zero is unknown
+  } else {
+    const at::Tensor workspace =
+        at::empty({static_cast<int64_t>(plan.workspace_bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+    err = launch(LookbackWorkspace{workspace.data_ptr(), true});
+  }
   TORCH_CHECK(err == cudaSuccess, "linrec.scan: CUDA launch failed: ", cudaGetErrorString(err));
 }
 

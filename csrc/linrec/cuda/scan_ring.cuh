@@ -140,6 +140,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t L = p.len, num_tiles = p.num_seq * args.num_chunks;
+  args.lb.clean_up();
   if (threadIdx.x == 0) {
     for (int s = 0; s < SLOTS; ++s) {
       cuda::ptx::mbarrier_init(&full[s], 1);

@@ -512,6 +512,7 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
   __shared__ int64_t s_off[kNumSlots];
 
   const bool lookback = args.num_chunks > 1;
+  if (lookback) args.lb.clean_up();
   if (threadIdx.x == 0) s_vid = lookback ? static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)) : blockIdx.x;
   __syncthreads();
   const int64_t vid = s_vid;
