@@ -166,3 +166,50 @@ def test_walking_tile_defaults(tmp_path):
                 expect += [f"{walk[elem]} 1 2", f"{walk[elem]} 1 4", f"{walk[elem]} 1 1", f"{whole[elem]} 1 1",
                            f"{short[elem]} 1 1"]
     assert got == expect
+
+
+_CHANNEL_PROGRAM = _SHOW + r"""
+// (B, L, D) contiguous, scanned along L: the channel kernel's layout on an H100.
+static void show_bld(int elem_size, bool backward, long long B, long long L, long long D) {
+  ScanParams p{};
+  p.len = L; p.num_seq = B * D; p.nbatch = 2; p.bsize[0] = D; p.bsize[1] = B; p.backward = backward;
+  alignas(16) static float buf[4];
+  for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = D; p.bstride[s][0] = 1; p.bstride[s][1] = L * D; }
+  for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
+  const DeviceInfo dev{132, 9, 232448};
+  bool inapplicable;
+  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  std::printf("%s %lld %lld\n", config_name(plan.kind, elem_size, plan.config),
+              static_cast<long long>(plan.num_chunks), static_cast<long long>(plan.per_chunk));
+}
+int main() {
+  for (int elem : {4, 2})
+    for (bool bwd : {false, true}) {
+      show_bld(elem, bwd, 8, 4096, 4096);  // mamba-BLD: channel blocks for a wave and more
+      show_bld(elem, bwd, 32, 512, 768);   // 192 blocks of 128 channels
+      show_bld(elem, bwd, 4, 4096, 2048);  // 64: chained by look-back
+    }
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_channel_pipe_defaults(tmp_path):
+    """Channel blocks walk L with prefetching configs where they fill a wave, forward and backward
+    (backward: 4 steps of 4 channels over two blocks per SM, else for a 2-byte type 8 steps over one);
+    fewer channel blocks take the default config chained by look-back."""
+    src = tmp_path / "channel.cpp"
+    src.write_text(_CHANNEL_PROGRAM)
+    exe = tmp_path / "channel"
+    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    assert got == [
+        # float32 forward: pairs, 8 steps over 16 warps, prefetching, where they fill 3/4 of a wave
+        "channel.s8r16b1p2.pipe 1 32", "channel.s8r16b1p2.pipe 1 4", "channel.s8r16b1p2.pipe 1 32",
+        # float32 backward: groups of 4 channels, 128 per block; 64 blocks look back (pairs)
+        "channel.s4r8b2c4.pipe 1 128", "channel.s4r8b2c4.pipe 1 16", "channel.s8r16b1p2 32 1",
+        # 2-byte forward
+        "channel.s8r8b2c4.pipe 1 64", "channel.s16r8b2c4 4 1", "channel.s16r8b2c4 32 1",
+        # 2-byte backward: 198 blocks or more two per SM, 99 or more one per SM
+        "channel.s4r8b3c4.pipe 1 128", "channel.s8r8b2c4.pipe 1 8", "channel.s8r8b2c4 64 1",
+    ]

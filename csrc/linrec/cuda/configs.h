@@ -44,7 +44,7 @@ constexpr TileConfig tile_config(int elem_size, int i) {
 struct ChannelConfig {
   const char* name;
   int steps, rows, min_blocks, cpl;
-  bool prefetch = false;  // forward: a block walking its channels along L loads the next span early
+  bool prefetch = false;  // a block walking its channels along L loads the next span early
   constexpr int threads() const { return 32 * rows; }
   constexpr int64_t span() const { return int64_t(steps) * rows; }
   constexpr int64_t channels() const { return 32 * cpl; }

@@ -225,12 +225,14 @@ inline void plan_ring(ScanPlan& plan, const ScanParams& p, int elem_size, const 
 }
 
 // Whether the channel blocks of config `cfg` walk L one span after the other ("pipe", no
-// look-back): when they alone fill two waves (3/4 of one for a prefetching forward config, whose
-// blocks keep their loads in flight along L).
+// look-back): when they alone fill two waves (3/4 of one for a prefetching config, whose blocks
+// keep their loads in flight along L: in the backward, blocks of at most 256 threads; its launch
+// bounds ask half the blocks per SM).
 inline bool channel_pipe(const ScanParams& p, const DeviceInfo& dev, const ChannelConfig& cfg) {
   const int64_t seq_blocks = ceil_div(p.num_seq, cfg.channels());
-  const int64_t resident_blocks = dev.num_sms * cfg.min_blocks;
-  return cfg.prefetch && !p.backward ? 4 * seq_blocks >= 3 * resident_blocks : seq_blocks >= 2 * resident_blocks;
+  if (cfg.prefetch && (!p.backward || cfg.rows <= 8))
+    return 4 * seq_blocks >= 3 * int64_t(dev.num_sms) * (p.backward ? (cfg.min_blocks + 1) / 2 : cfg.min_blocks);
+  return seq_blocks >= 2 * int64_t(dev.num_sms) * cfg.min_blocks;
 }
 
 inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config) {
@@ -266,8 +268,9 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
   const ScanDefaults def = device_defaults(dev, elem_size, p.backward, channel ? channel_group_width(p, elem_size) : 1);
   if (channel) {
     int config = req.index >= 0 ? req.index : def.channel;
-    if (req.index < 0 && def.channel_pipe >= 0 && channel_pipe(p, dev, channel_config(elem_size, def.channel_pipe)))
-      config = def.channel_pipe;
+    for (int i = 0; i < 2 && req.index < 0 && config == def.channel; ++i)
+      if (def.channel_pipe[i] >= 0 && channel_pipe(p, dev, channel_config(elem_size, def.channel_pipe[i])))
+        config = def.channel_pipe[i];
     plan_channel(plan, p, elem_size, dev, config);
   } else {
     plan.vec_mask = vector_slots(p, elem_size);

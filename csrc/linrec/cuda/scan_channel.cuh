@@ -148,15 +148,20 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
     *t0 = (chunk * args.spans_per_block + span) * kSpan + row * CH;
     return !active || *t0 >= L ? 0 : static_cast<int>(L - *t0 < CH ? L - *t0 : CH);
   };
-  // kPrefetch (forward, pipe mode): the next span's loads are issued before this span's compose,
-  // so a block walking its channels along L keeps its loads in flight across the span's barriers.
-  constexpr bool kDoubleBuffer = kPrefetch && !kBackward;
-  Pack pv[kDoubleBuffer ? CH : 1], pc[kDoubleBuffer ? CH : 1];
-  if constexpr (kDoubleBuffer) {
+  // kPrefetch (pipe mode): the next span's loads are issued before this span's compose, so a
+  // block walking its channels along L keeps its loads in flight across the span's barriers. Not
+  // in a backward of 512 threads: its third operand's buffer would spill (128 registers at most).
+  constexpr bool kDoubleBuffer = kPrefetch && (!kBackward || ROWS <= 8);
+  Pack pv[kDoubleBuffer ? CH : 1], pc[kDoubleBuffer ? CH : 1], pyn[kDoubleBuffer && kBackward ? CH : 1];
+  const auto prefetch = [&](int64_t span) {
     int64_t t0;
-    const int n = span_steps(0, &t0);
-    load_span(t0, n, pv, pc, pv);
-  }
+    const int n = span_steps(span, &t0);
+    if constexpr (kDoubleBuffer && kBackward)
+      load_span(t0, n, pv, pc, pyn);
+    else if constexpr (kDoubleBuffer)
+      load_span(t0, n, pv, pc, pv);
+  };
+  if constexpr (kDoubleBuffer) prefetch(0);
 
   for (int64_t span = 0; span < args.spans_per_block; ++span) {
     const int64_t span_t0 = (chunk * args.spans_per_block + span) * kSpan;
@@ -166,12 +171,11 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
     Pack v[CH], c[CH], yn[CH];
     if constexpr (kDoubleBuffer) {
 #pragma unroll
-      for (int i = 0; i < CH; ++i) v[i] = pv[i], c[i] = pc[i];
-      if (span + 1 < args.spans_per_block) {
-        int64_t t1;
-        const int n1 = span_steps(span + 1, &t1);
-        load_span(t1, n1, pv, pc, pv);
+      for (int i = 0; i < CH; ++i) {
+        v[i] = pv[i], c[i] = pc[i];
+        if constexpr (kBackward) yn[i] = pyn[i];
       }
+      if (span + 1 < args.spans_per_block) prefetch(span + 1);
     } else {
       load_span(t0, n, v, c, yn);
     }
