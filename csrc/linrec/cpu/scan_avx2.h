@@ -210,13 +210,15 @@ struct WalkIn {
   }
 };
 
-// Forward over steps [t0, t1) of one sequence: y points at its step 0.
-template <int S, typename T>
+// Forward over steps [t0, t1) of one sequence: y points at its step 0. kProd: a chunk summary
+// (prod_io), nothing written; a template flag, so that the plain scan's loop tests nothing per
+// vector (with a run-time test the compiler kept the state and the loop counter on the stack).
+template <int S, bool kProd, typename T>
 LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, int64_t t1, float* h_io,
                               float* prod_io) {
   using W = Walk<S>;
-  __m256 h = _mm256_set1_ps(walk_state(*h_io)), prod = _mm256_set1_ps(prod_io ? walk_state(*prod_io) : 1.f);
-  __m256* pp = prod_io ? &prod : nullptr;
+  __m256 h = _mm256_set1_ps(walk_state(*h_io)), prod = _mm256_set1_ps(kProd ? walk_state(*prod_io) : 1.f);
+  __m256* pp = kProd ? &prod : nullptr;
   int64_t u = t0;
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     for (; u + 16 <= t1; u += 16) {
@@ -224,12 +226,12 @@ LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, 
       c.vec16(u, ca, cb);
       x.vec16(u, xa, xb);
       W::step16(ca, xa, cb, xb, h, pp);
-      if (!prod_io) store16(y + W::at16(u), xa, xb);
+      if (!kProd) store16(y + W::at16(u), xa, xb);
     }
   }
   for (; u + 8 <= t1; u += 8) {
     const __m256 v = W::step(c.vec8(u), x.vec8(u), h, pp);
-    if (!prod_io) store8(y + W::at(u), v);
+    if (!kProd) store8(y + W::at(u), v);
   }
   if (u < t1) {  // the last m < 8 steps through buffers; idle steps are identities (c = 1, x = 0)
     const int m = static_cast<int>(t1 - u);
@@ -240,11 +242,11 @@ LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, 
       xb[W::lane(i)] = x.value(u + i);
     }
     _mm256_store_ps(yb, W::step(_mm256_load_ps(cb), _mm256_load_ps(xb), h, pp));
-    if (!prod_io)
+    if (!kProd)
       for (int i = 0; i < m; ++i) y[(u + i) * S] = static_cast<T>(yb[W::lane(i)]);
   }
   *h_io = _mm256_cvtss_f32(h);
-  if (prod_io) *prod_io = _mm256_cvtss_f32(prod);
+  if (kProd) *prod_io = _mm256_cvtss_f32(prod);
 }
 
 // Up to 8 backward steps from u through buffers (the first step, whose c_{-1} = 0, and the last,
@@ -272,13 +274,13 @@ LINREC_AVX2 void walk_backward_partial(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S
 }
 
 // Backward over steps [t0, t1) of one sequence of length L (walk order: the reverse of the
-// forward scan): dx, dc point at its step 0; y_L = init.
-template <int S, typename T>
+// forward scan): dx, dc point at its step 0; y_L = init. kProd as in walk_forward.
+template <int S, bool kProd, typename T>
 LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, T* dx, T* dc, float init, int64_t L,
                                int64_t t0, int64_t t1, float* h_io, float* prod_io) {
   using W = Walk<S>;
-  __m256 h = _mm256_set1_ps(walk_state(*h_io)), prod = _mm256_set1_ps(prod_io ? walk_state(*prod_io) : 1.f);
-  __m256* pp = prod_io ? &prod : nullptr;
+  __m256 h = _mm256_set1_ps(walk_state(*h_io)), prod = _mm256_set1_ps(kProd ? walk_state(*prod_io) : 1.f);
+  __m256* pp = kProd ? &prod : nullptr;
   int64_t u = t0;
   if (u == 0 && u < t1) {
     const int m = static_cast<int>(t1 - u < 8 ? t1 - u : 8);
@@ -292,7 +294,7 @@ LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, 
       c.vec16(u - 1, ca, cb);
       dy.vec16(u, ga, gb);
       W::step16(ca, ga, cb, gb, h, pp);
-      if (prod_io) continue;
+      if (kProd) continue;
       store16(dx + W::at16(u), ga, gb);
       __m256 ya, yb;
       y.vec16(u + 1, ya, yb);
@@ -301,7 +303,7 @@ LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, 
   }
   for (; u + 8 <= body_end; u += 8) {
     const __m256 g = W::step(c.vec8(u - 1), dy.vec8(u), h, pp);
-    if (prod_io) continue;
+    if (kProd) continue;
     store8(dx + W::at(u), g);
     store8(dc + W::at(u), _mm256_mul_ps(g, y.vec8(u + 1)));
   }
@@ -311,7 +313,7 @@ LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, 
     u += m;
   }
   *h_io = _mm256_cvtss_f32(h);
-  if (prod_io) *prod_io = _mm256_cvtss_f32(prod);
+  if (kProd) *prod_io = _mm256_cvtss_f32(prod);
 }
 
 // ---------------------------------------------------------------------------------------------

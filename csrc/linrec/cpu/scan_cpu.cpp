@@ -178,7 +178,10 @@ void scan_walk(const ScanParams& p) {
     chained(
         p.num_seq, 1, L,
         [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
-          avx2::walk_forward<S>(in(kCoeff, i), in(kIn, i), at(kOut, i), t0, t1, h, prod);
+          if (prod)
+            avx2::walk_forward<S, true>(in(kCoeff, i), in(kIn, i), at(kOut, i), t0, t1, h, prod);
+          else
+            avx2::walk_forward<S, false>(in(kCoeff, i), in(kIn, i), at(kOut, i), t0, t1, h, nullptr);
         },
         [&](int64_t i, float* h) { *h = init_value(i); }, [](int64_t, float*) {});
     return;
@@ -186,8 +189,12 @@ void scan_walk(const ScanParams& p) {
   chained(
       p.num_seq, 1, L,
       [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
-        avx2::walk_backward<S>(in(kCoeff, i), in(kIn, i), in(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
-                               init_value(i), L, t0, t1, h, prod);
+        if (prod)
+          avx2::walk_backward<S, true>(in(kCoeff, i), in(kIn, i), in(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
+                                       init_value(i), L, t0, t1, h, prod);
+        else
+          avx2::walk_backward<S, false>(in(kCoeff, i), in(kIn, i), in(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
+                                        init_value(i), L, t0, t1, h, nullptr);
       },
       [](int64_t, float* h) { *h = 0.f; },
       [&](int64_t i, float* h) {  // d_initial = c_{L-1} g_{L-1}
