@@ -296,7 +296,7 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     }
   }
   if ((plan.num_chunks > 1 && plan.kind != ScanKind::kStream) || plan.kind == ScanKind::kRing) {
-    // look-back: two counters, then two status words per (sequence, chunk)
+    // look-back: a counter (16 bytes), then two status words per (sequence, chunk)
     plan.workspace_bytes = 16 + static_cast<size_t>(p.num_seq * plan.num_chunks) * 16;
   }
   return plan;
