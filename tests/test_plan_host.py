@@ -195,9 +195,10 @@ int main() {
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 def test_channel_pipe_defaults(tmp_path):
-    """Channel blocks walk L with prefetching configs where they fill a wave, forward and backward
-    (backward: 4 steps of 4 channels over two blocks per SM, else for a 2-byte type 8 steps over one);
-    fewer channel blocks take the default config chained by look-back."""
+    """Channel blocks walk L with prefetching configs where they fill 3/4 of a wave, forward and
+    backward (backward: 4 steps of 4 channels, two blocks per SM for a 2-byte type and one for
+    float32; else for a 2-byte type 8 steps over one block per SM); fewer channel blocks take the
+    default config chained by look-back."""
     src = tmp_path / "channel.cpp"
     src.write_text(_CHANNEL_PROGRAM)
     exe = tmp_path / "channel"

@@ -238,9 +238,13 @@ def _graph_capture_replay(backend, shape, cshape, dim):
     fwd_graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(fwd_graph):
         y_static = torch_linrec.scan(x, c, None, dim, False, backend=backend)
-    fwd_graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y_static, eager[0].detach())
+    for key in ("fwd", "fwd again"):  # one captured launch: a used workspace would show on the second
+        with torch.no_grad():
+            x.copy_(torch.randn(shape, generator=_gen(key)).cuda())
+        fwd_graph.replay()
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            assert torch.equal(y_static, torch_linrec.scan(x, c, None, dim, False, backend=backend))
 
 
 @pytest.mark.cuda

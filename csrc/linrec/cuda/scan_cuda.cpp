@@ -69,8 +69,10 @@ ConfigRequest parse_config(const OptConfig& config, int elem_size) {
 // went mostly to allocating and zeroing its workspace (bench/NOTES.md item 42). A kept buffer has
 // two halves of kMaxKeptBytes: launches on one stream run in order, so each takes the half its
 // predecessor left zero and its kernel zeroes the other (launch.h). Larger workspaces, launches
-// captured into a CUDA graph (whose replays would find their half used) and streams past the first
-// kMaxKeptStreams take a fresh workspace each call, zeroed before the launch.
+// captured into a CUDA graph (whose replays would find their half used), the per-thread default
+// stream (one handle for another stream in each host thread: one key for launches in no order)
+// and (device, stream) pairs past the first kMaxKeptStreams take a fresh workspace each call,
+// zeroed before the launch.
 constexpr size_t kMaxKeptBytes = size_t{1} << 19;  // 32767 look-back entries
 constexpr size_t kMaxKeptStreams = 64;
 
@@ -82,7 +84,7 @@ struct KeptWorkspace {
 };
 
 KeptWorkspace* kept_workspace(const ScanPlan& plan, const c10::cuda::CUDAStream& stream) {
-  if (plan.workspace_bytes > kMaxKeptBytes) return nullptr;
+  if (plan.workspace_bytes > kMaxKeptBytes || stream.stream() == cudaStreamPerThread) return nullptr;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream.stream(), &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
     return nullptr;
