@@ -268,9 +268,12 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
   const ScanDefaults def = device_defaults(dev, elem_size, p.backward, channel ? channel_group_width(p, elem_size) : 1);
   if (channel) {
     int config = req.index >= 0 ? req.index : def.channel;
-    for (int i = 0; i < 2 && req.index < 0 && config == def.channel; ++i)
-      if (def.channel_pipe[i] >= 0 && channel_pipe(p, dev, channel_config(elem_size, def.channel_pipe[i])))
-        config = def.channel_pipe[i];
+    if (req.index < 0)
+      for (const int pipe : def.channel_pipe)  // the first prefetching config whose blocks walk L
+        if (pipe >= 0 && channel_pipe(p, dev, channel_config(elem_size, pipe))) {
+          config = pipe;
+          break;
+        }
     plan_channel(plan, p, elem_size, dev, config);
   } else {
     plan.vec_mask = vector_slots(p, elem_size);
