@@ -125,6 +125,28 @@ __device__ __forceinline__ void consumer_sync() {
 }
 }  // namespace ring
 
+// Stores output `out` (slot `slot`: y, dx or dc) of a full tile through the warp's span of the
+// slot's first region (x or grad_y, which only the thread that loaded each step reads): each thread
+// writes its E steps back where they were staged, and the warp stores its span with every
+// instruction covering 512 contiguous bytes. (Stored straight from registers, a thread's E steps
+// are two or more 16-byte vectors 16 E bytes apart between lanes, so each instruction writes every
+// 32-byte sector it touches in halves; H100, bf16 16 x 2^22 forward 0.189 -> 0.179 ms, bench/NOTES.md
+// item 55.) `base`: the sequence's output; memory order is the walk's (kRev: downwards).
+template <typename T, int E, int NT, bool kRev>
+__device__ __forceinline__ void store_tile_through_slot(T* region, T* base, int64_t t0, const float (&out)[E]) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kNV = E / kVec;
+  constexpr int kTile = E * NT;
+  write_chunk<T, E, NT>(region, kRev, out);
+  __syncwarp();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int first = (kRev ? NT - 32 * (warp + 1) : 32 * warp) * kNV;  // the warp's first vector in memory order
+  const uint4* src = reinterpret_cast<const uint4*>(region) + first;
+  uint4* dst = reinterpret_cast<uint4*>(kRev ? base - (t0 + kTile - 1) : base + t0) + first;
+#pragma unroll
+  for (int j = 0; j < kNV; ++j) dst[j * 32 + lane] = src[j * 32 + lane];
+  __syncwarp();  // the span is read before the next output overwrites it
+}
+
 // kRev: the streamed inputs are walked downwards in memory (stride -1 along the scan; +1 else).
 template <typename T, int E, int NT, int SLOTS, bool kBackward, bool kRev>
 __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams p, const RingArgs args) {
@@ -213,8 +235,35 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
         const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
         const StepSpan r = step_span<E>(tf, L);
         const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
-        store_outputs<T, E, kBackward>(st, L, tf, r, args.vec_mask, 0u, h_last, v, yn);
-        __syncwarp();  // the slot's record (st) is read until here
+        // Outputs of a full tile that run the inputs' way, 16-byte aligned, go through the slot.
+        unsigned through_slot = 0;
+        if (t0 + S::kTile <= L) {
+          if constexpr (!kBackward) {
+            through_slot = (args.vec_mask >> kOut & 1) && (st.ls_y < 0) == kRev ? 1u << kOut : 0u;
+          } else {
+            through_slot = (args.vec_mask >> kGradIn & 1) && (st.ls_dx < 0) == kRev ? 1u << kGradIn : 0u;
+            through_slot |= (args.vec_mask >> kGradCoeff & 1) && (st.ls_dc < 0) == kRev ? 1u << kGradCoeff : 0u;
+          }
+        }
+        T* const region = staged + s * R::kSlotElems + S::kHalo;
+        constexpr unsigned kAll = kBackward ? (1u << kGradIn) | (1u << kGradCoeff) : 1u << kOut;
+        if (through_slot == kAll) {
+          if constexpr (!kBackward) {
+            store_tile_through_slot<T, E, NT, kRev>(region, st.y, t0, v);
+          } else {
+            store_tile_through_slot<T, E, NT, kRev>(region, st.dx, t0, v);
+            store_tile_through_slot<T, E, NT, kRev>(region, st.dc, t0, yn);
+            if (t0 + S::kTile == L && threadIdx.x == NT - 1)  // d initial = c[L-1] * g[L-1]
+              *st.dh0 = from_float<T>(to_float(st.cf[(L - 1) * st.ls_c]) * h_last);
+          }
+        } else {
+          through_slot = 0;
+          store_outputs<T, E, kBackward>(st, L, tf, r, args.vec_mask, 0u, h_last, v, yn);
+        }
+        // The slot's record (st) is read until here, and the producer's next bulk copy into the
+        // region must come after the generic-proxy writes above.
+        if (through_slot) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+        __syncwarp();
         if (lane == 0) ring::arrive(&free_slot[s]);
         ++next_replay;
         continue;
