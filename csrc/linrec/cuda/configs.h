@@ -108,9 +108,11 @@ constexpr StreamConfig stream_config(int elem_size, int i) {
 constexpr size_t kStreamStaticSharedMemory = 1024;
 
 // Bytes of a ring slot besides its staged tile: record, four mbarriers, a prefix per consumer
-// thread, the tile's aggregate and prefix.
+// thread, the tile's aggregate and prefix, a total per consumer warp and their arrival count.
 constexpr size_t kRingRecordBytes = 128;
-constexpr size_t ring_slot_extra_bytes(int threads) { return kRingRecordBytes + 32 + 8 * size_t(threads) + 16; }
+constexpr size_t ring_slot_extra_bytes(int threads) {
+  return kRingRecordBytes + 32 + 8 * size_t(threads) + 16 + 8 * size_t(threads / 32) + 8;
+}
 
 // Ring kernel (Hopper: bulk copies, warp-specialized): persistent blocks of NT consumer threads
 // plus a producer and a look-back warp, E x NT steps per tile, a ring of slots (forward /
@@ -121,13 +123,11 @@ struct RingConfig {
   int elems, threads, slots_forward, slots_backward, blocks;
   constexpr int64_t tile() const { return int64_t(elems) * threads; }
   constexpr int slots(bool backward) const { return backward ? slots_backward : slots_forward; }
-  constexpr int warps() const { return threads / 32; }
-  // Shared memory (all dynamic, laid out by scan_ring.cuh's RingLayout): per slot its staged tile,
-  // its record (kRingRecordBytes), four mbarriers, the consumer threads' in-tile prefixes, the
-  // tile's aggregate and prefix; the warps' totals (two tiles' worth); up to 128 bytes to align.
+  // Shared memory (all dynamic, laid out by scan_ring.cuh's RingLayout): per slot its staged tile
+  // and ring_slot_extra_bytes; up to 128 bytes to align.
   constexpr size_t smem_bytes(int elem_size, bool backward) const {
     return size_t(slots(backward)) * (staged_tile_bytes(tile(), elem_size, backward) + ring_slot_extra_bytes(threads)) +
-           16 * size_t(warps()) + 128;
+           128;
   }
 };
 // 16 KB tiles (4096 float32 steps) in a ring of ~220 KB over 512 consumer threads, or 256 (fewer

@@ -58,8 +58,8 @@ struct RingShape {
 };
 
 // The ring's shared memory (RingConfig::smem_bytes): per slot the staged tile, then per slot its
-// record, four mbarriers (full, reduced, prefix ready, free), each consumer thread's prefix in the
-// tile, the tile's aggregate and prefix; the consumer warps' totals, double-buffered by tile.
+// record, four mbarriers (full, reduced, prefix ready, free), each consumer thread's prefix in its
+// warp, the tile's aggregate and prefix, the consumer warps' totals and their arrival count.
 template <typename T, int E, int NT, int SLOTS, bool kBackward>
 struct RingLayout {
   using R = RingShape<T, E, NT, SLOTS, kBackward>;
@@ -69,7 +69,8 @@ struct RingLayout {
   Affine* thread_prefix;  // [SLOTS][NT]
   Affine* tile_agg;
   float* tile_prefix;   // (8 bytes per slot)
-  Affine* totals;       // [2][kWarps]
+  Affine* warp_totals;  // [SLOTS][kWarps]: each warp's total, then (composed) the maps before each next warp
+  unsigned* arrivals;   // [SLOTS] (8 bytes reserved each): warps that have reduced the slot's tile
 
   __device__ __forceinline__ explicit RingLayout(unsigned char* raw) {
     unsigned char* at = raw + (-reinterpret_cast<uintptr_t>(raw) & 127);
@@ -87,7 +88,8 @@ struct RingLayout {
     thread_prefix = reinterpret_cast<Affine*>(take(SLOTS * NT * sizeof(Affine)));
     tile_agg = reinterpret_cast<Affine*>(take(SLOTS * sizeof(Affine)));
     tile_prefix = reinterpret_cast<float*>(take(SLOTS * 8));
-    totals = reinterpret_cast<Affine*>(take(2 * R::kWarps * sizeof(Affine)));
+    warp_totals = reinterpret_cast<Affine*>(take(SLOTS * R::kWarps * sizeof(Affine)));
+    arrivals = reinterpret_cast<unsigned*>(take(SLOTS * 8));
   }
 };
 
@@ -118,34 +120,15 @@ __device__ __forceinline__ bool warp_test(uint64_t* bar, int64_t use) {
   if (ok) wait(bar, use);
   return ok;
 }
-// Barrier of the NT consumer threads only (named barrier 1; the other warps never wait on it).
-template <int NT>
-__device__ __forceinline__ void consumer_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
+// Counts one warp's arrival at a slot (release of its total, acquire of the others'); true for the
+// last of `warps`, which resets the count for the slot's next tile.
+__device__ __forceinline__ bool last_arrival(unsigned* count, unsigned warps) {
+  cuda::atomic_ref<unsigned, cuda::thread_scope_block> a(*count);
+  if (a.fetch_add(1u, cuda::memory_order_acq_rel) != warps - 1) return false;
+  a.store(0u, cuda::memory_order_relaxed);
+  return true;
 }
 }  // namespace ring
-
-// Stores output `out` (slot `slot`: y, dx or dc) of a full tile through the warp's span of the
-// slot's first region (x or grad_y, which only the thread that loaded each step reads): each thread
-// writes its E steps back where they were staged, and the warp stores its span with every
-// instruction covering 512 contiguous bytes. (Stored straight from registers, a thread's E steps
-// are two or more 16-byte vectors 16 E bytes apart between lanes, so each instruction writes every
-// 32-byte sector it touches in halves; H100, bf16 16 x 2^22 forward 0.189 -> 0.179 ms, bench/NOTES.md
-// item 55.) `base`: the sequence's output; memory order is the walk's (kRev: downwards).
-template <typename T, int E, int NT, bool kRev>
-__device__ __forceinline__ void store_tile_through_slot(T* region, T* base, int64_t t0, const float (&out)[E]) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kNV = E / kVec;
-  constexpr int kTile = E * NT;
-  write_chunk<T, E, NT>(region, kRev, out);
-  __syncwarp();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int first = (kRev ? NT - 32 * (warp + 1) : 32 * warp) * kNV;  // the warp's first vector in memory order
-  const uint4* src = reinterpret_cast<const uint4*>(region) + first;
-  uint4* dst = reinterpret_cast<uint4*>(kRev ? base - (t0 + kTile - 1) : base + t0) + first;
-#pragma unroll
-  for (int j = 0; j < kNV; ++j) dst[j * 32 + lane] = src[j * 32 + lane];
-  __syncwarp();  // the span is read before the next output overwrites it
-}
 
 // kRev: the streamed inputs are walked downwards in memory (stride -1 along the scan; +1 else).
 template <typename T, int E, int NT, int SLOTS, bool kBackward, bool kRev>
@@ -169,6 +152,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       cuda::ptx::mbarrier_init(&reduced[s], 1);
       cuda::ptx::mbarrier_init(&prefix_ready[s], 1);
       cuda::ptx::mbarrier_init(&free_slot[s], R::kWarps);
+      sh.arrivals[s] = 0;
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
@@ -217,7 +201,9 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   }
 
   // Consumers: replay the oldest reduced tile when its prefix is ready, else reduce the next
-  // staged tile; every warp takes the tiles in the same order (the reduction's barrier).
+  // staged tile. Each warp goes at its own pace (no barrier between consumer warps): it scans its
+  // lanes' maps and leaves its total, and the tile's last warp to do so composes the totals and
+  // hands the tile's aggregate to the look-back warp.
   int64_t next_reduce = 0, next_replay = 0;
   bool claimed_all = false;
   while (!claimed_all || next_replay < next_reduce) {
@@ -231,11 +217,17 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
         load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, st, L, t0, args.vec_mask,
                                                                    v, c, yn);
         const Affine pre = sh.thread_prefix[s * NT + threadIdx.x];
-        const float h = fmaf(pre.a, sh.tile_prefix[s], pre.b);
+        float h = sh.tile_prefix[s];
+        if (warp > 0) {
+          const Affine before = sh.warp_totals[s * R::kWarps + warp - 1];
+          h = fmaf(before.a, h, before.b);
+        }
+        h = fmaf(pre.a, h, pre.b);
         const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
         const StepSpan r = step_span<E>(tf, L);
         const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
-        // Outputs of a full tile that run the inputs' way, 16-byte aligned, go through the slot.
+        // Outputs of a full tile that run the inputs' way, 16-byte aligned, go through the slot's
+        // first region (x or grad_y: each step there is read only by the thread that holds it).
         unsigned through_slot = 0;
         if (t0 + S::kTile <= L) {
           if constexpr (!kBackward) {
@@ -249,10 +241,10 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
         constexpr unsigned kAll = kBackward ? (1u << kGradIn) | (1u << kGradCoeff) : 1u << kOut;
         if (through_slot == kAll) {
           if constexpr (!kBackward) {
-            store_tile_through_slot<T, E, NT, kRev>(region, st.y, t0, v);
+            store_span_by_warps<T, E, NT>(region, st.y, t0, kRev, v);
           } else {
-            store_tile_through_slot<T, E, NT, kRev>(region, st.dx, t0, v);
-            store_tile_through_slot<T, E, NT, kRev>(region, st.dc, t0, yn);
+            store_span_by_warps<T, E, NT>(region, st.dx, t0, kRev, v);
+            store_span_by_warps<T, E, NT>(region, st.dc, t0, kRev, yn);
             if (t0 + S::kTile == L && threadIdx.x == NT - 1)  // d initial = c[L-1] * g[L-1]
               *st.dh0 = from_float<T>(to_float(st.cf[(L - 1) * st.ls_c]) * h_last);
           }
@@ -283,24 +275,29 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
                                                                in.chunk * S::kTile, args.vec_mask, v, c, yn);
     Affine inc = reduce_steps<E>(v, c);
     warp_inclusive_scan(inc);
-    // totals[buf] is rewritten two reductions later, after every warp passed the next barrier
-    Affine* const totals = sh.totals + (next_reduce & 1) * R::kWarps;
-    if (lane == 31) totals[warp] = inc;
-    ring::consumer_sync<NT>();
-    // Lane w < kWarps takes warp w's total; their scan gives every warp its prefix and the tile's.
+    const float ea = __shfl_up_sync(0xffffffffu, inc.a, 1), eb = __shfl_up_sync(0xffffffffu, inc.b, 1);
+    sh.thread_prefix[s * NT + threadIdx.x] = lane == 0 ? Affine{1.f, 0.f} : Affine{ea, eb};
+    Affine* const totals = sh.warp_totals + s * R::kWarps;
+    bool last = false;
+    if (lane == 31) {
+      totals[warp] = inc;
+      last = ring::last_arrival(&sh.arrivals[s], R::kWarps);
+    }
+    ++next_reduce;
+    if (!__shfl_sync(0xffffffffu, last, 31)) continue;
+    __syncwarp();  // lane 31's acquire of the other warps' totals orders the lanes' reads below
+    // Lane w < kWarps takes warp w's total; their scan gives each warp the map before the next one
+    // and the tile's aggregate.
     Affine t = lane < R::kWarps ? totals[lane] : Affine{1.f, 0.f};
     warp_inclusive_scan(t);
-    const float ta = __shfl_sync(0xffffffffu, t.a, (warp + 31) & 31), tb = __shfl_sync(0xffffffffu, t.b, (warp + 31) & 31);
-    const Affine before = warp == 0 ? Affine{1.f, 0.f} : Affine{ta, tb};
+    if (lane < R::kWarps) totals[lane] = t;
     const Affine all{__shfl_sync(0xffffffffu, t.a, R::kWarps - 1), __shfl_sync(0xffffffffu, t.b, R::kWarps - 1)};
-    const float ea = __shfl_up_sync(0xffffffffu, inc.a, 1), eb = __shfl_up_sync(0xffffffffu, inc.b, 1);
-    sh.thread_prefix[s * NT + threadIdx.x] = lane == 0 ? before : ComposeOp()(before, Affine{ea, eb});
-    if (threadIdx.x == 0) {
+    __syncwarp();  // the composed totals are written before lane 0's release on `reduced`
+    if (lane == 0) {
       if (in.chunk > 0) args.lb.publish_aggregate(in.vid, all);
       sh.tile_agg[s] = all;
       ring::arrive(&reduced[s]);
     }
-    ++next_reduce;
   }
 #else
   __trap();  // planned only on compute capability >= 9.0
