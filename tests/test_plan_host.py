@@ -11,19 +11,21 @@ from test_nvcc import ROOT
 CXX = shutil.which("c++") or shutil.which("g++")
 
 # Prints the default plan of `rows` sequences of length `len` (innermost, contiguous, aligned) on a
-# device of compute capability `cc` with an H100's SMs and shared memory: cc, element size, direction,
-# rows, length, config, chunks (blocks per sequence), tiles per block.
+# device of compute capability `cc` with an H100's SMs, shared memory and (unless `dram` is set)
+# DRAM bandwidth per SM: cc, element size, direction, rows, length, config, chunks (blocks per
+# sequence), tiles per block.
 _SHOW = r"""
 #include <cstdio>
 #include "linrec/cuda/plan.h"
 using namespace linrec;
+static float dram = 25.4f;  // GB/s per SM: the H100 SXM's 3.35 TB/s over 132 SMs
 static void show(int cc, int elem_size, bool backward, long long rows, long long len) {
   ScanParams p{};
   p.len = len; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows; p.backward = backward;
   alignas(16) static float buf[4];
   for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = 1; p.bstride[s][0] = len; }
   for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
-  const DeviceInfo dev{132, cc, 232448};
+  const DeviceInfo dev{132, cc, 232448, dram};
   bool inapplicable;
   const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
   std::printf("%d %d %d %lld %lld %s %lld %lld\n", cc, elem_size, backward ? 1 : 0, rows, len,
@@ -214,3 +216,37 @@ def test_channel_pipe_defaults(tmp_path):
         # 2-byte backward: 198 blocks or more two per SM, 99 or more one per SM
         "channel.s4r8b3c4.pipe 1 128", "channel.s8r8b2c4.pipe 1 8", "channel.s8r8b2c4 64 1",
     ]
+
+
+_RING_OR_STREAM_PROGRAM = _SHOW + r"""
+int main() {
+  for (float gbps : {25.4f, 37.2f, 0.f}) {  // H100, H200, unknown
+    dram = gbps;
+    for (int elem : {4, 2})
+      for (bool bwd : {false, true})
+        for (long long rows : {100, 128, 200, 1000}) show(9, elem, bwd, rows, rows == 1000 ? 1 << 18 : 1 << 20);
+  }
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_ring_or_stream_defaults(tmp_path):
+    """As many long rows as SMs or more: on a Hopper card whose DRAM gives each SM at most 30 GB/s
+    (the H100's 25) the ring, except for the 2-byte backward; with more per SM (the H200's 37) or an
+    unknown bandwidth, one stream block per row."""
+    src = tmp_path / "ring_or_stream.cpp"
+    src.write_text(_RING_OR_STREAM_PROGRAM)
+    exe = tmp_path / "ring_or_stream"
+    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
+    got = [line.split()[5] for line in
+           subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()]
+    ring = {4: "ring.e8t512s6", 2: "ring.e16t512s6"}
+    stream = {4: "stream.e8t512s4", 2: "stream.e16t512s4"}
+    expect = []
+    for device in ("H100", "H200", "unknown"):
+        for elem in (4, 2):
+            for bwd in (False, True):
+                name = ring[elem] if device == "H100" and not (elem == 2 and bwd) else stream[elem]
+                expect += [name] * 4
+    assert got == expect

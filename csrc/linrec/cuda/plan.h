@@ -19,6 +19,7 @@ struct DeviceInfo {
   int num_sms;
   int cc_major;
   size_t smem_per_block_optin;  // largest dynamic + static shared memory a block may opt into
+  float dram_gbps_per_sm = 0.f;  // peak DRAM bandwidth over the SMs (GB/s per SM); 0: unknown
 };
 
 // A config named by the caller: `kind` and `index` into its table; `index` -1: the default.
@@ -96,7 +97,7 @@ inline int channel_group_width(const ScanParams& p, int elem_size) {
 }
 
 inline ScanDefaults device_defaults(const DeviceInfo& dev, int elem_size, bool backward, int group_width) {
-  return dev.cc_major >= 9 ? defaults_sm90(elem_size, backward, group_width)
+  return dev.cc_major >= 9 ? defaults_sm90(elem_size, backward, group_width, dev.dram_gbps_per_sm)
                            : defaults_generic(elem_size, backward, group_width);
 }
 
@@ -285,16 +286,18 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
       plan_tile(plan, p, elem_size, dev, req.index, def.tile_lookback, def.tile_walk);
     } else {
       plan_tile(plan, p, elem_size, dev, -1, def.tile_lookback, def.tile_walk);
-      // The stream kernel instead of the look-back for about as many sequences as SMs (a block
-      // for at least 3/4 of them): the look-back reached ~0.55 of torch.add on few-long (H200).
+      // The ring instead of one block per tile, once its tiles outnumber its blocks (so that a
+      // block's ring has tiles to overlap).
+      const bool ring = plan.num_chunks > 1 && def.ring >= 0 &&
+                        p.num_seq * ceil_div(p.len, ring_config(elem_size, def.ring).tile()) >= 2 * dev.num_sms &&
+                        config_applies(p, elem_size, dev, ScanKind::kRing, def.ring);
+      // The stream kernel instead for about as many sequences as SMs (a block for at least 3/4 of
+      // them), unless the device prefers the ring there: the look-back reached ~0.55 of torch.add
+      // on few-long (H200).
       if (plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && def.stream >= 0 &&
-          config_applies(p, elem_size, dev, ScanKind::kStream, def.stream))
+          !(ring && def.ring_over_stream) && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream))
         plan_stream(plan, p, elem_size, def.stream);
-      // Fewer sequences: the ring instead of one block per tile, once its tiles outnumber its
-      // blocks (so that a block's ring has tiles to overlap).
-      else if (plan.num_chunks > 1 && def.ring >= 0 &&
-               p.num_seq * ceil_div(p.len, ring_config(elem_size, def.ring).tile()) >= 2 * dev.num_sms &&
-               config_applies(p, elem_size, dev, ScanKind::kRing, def.ring))
+      else if (ring)
         plan_ring(plan, p, elem_size, dev, def.ring);
     }
   }

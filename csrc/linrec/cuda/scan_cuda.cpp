@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <array>
+#include <atomic>
 #include <limits>
 #include <map>
 #include <memory>
@@ -35,9 +37,30 @@ cudaError_t launch_dtype(at::ScalarType dtype, const ScanParams& p, const ScanPl
   }
 }
 
+// Peak DRAM bandwidth per SM in GB/s (0: unknown), queried once per device (the memory clock is
+// not in cudaDeviceProp since CUDA 13).
+float dram_gbps_per_sm(c10::DeviceIndex index, int num_sms) {
+  static std::array<std::atomic<float>, 256> known{};  // -1: queried, unknown
+  if (index < 0 || index >= static_cast<int>(known.size()) || num_sms <= 0) return 0.f;
+  float v = known[index].load(std::memory_order_relaxed);
+  if (v == 0.f) {
+    int khz = 0, bits = 0;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, index) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, index) == cudaSuccess && khz > 0 && bits > 0) {
+      v = static_cast<float>(2.0 * khz * 1e3 * (bits / 8) / 1e9 / num_sms);  // double data rate
+    } else {
+      (void)cudaGetLastError();
+      v = -1.f;
+    }
+    known[index].store(v, std::memory_order_relaxed);
+  }
+  return v > 0.f ? v : 0.f;
+}
+
 DeviceInfo device_info(c10::DeviceIndex index) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);  // cached by torch per device
-  return DeviceInfo{prop->multiProcessorCount, prop->major, prop->sharedMemPerBlockOptin};
+  return DeviceInfo{prop->multiProcessorCount, prop->major, prop->sharedMemPerBlockOptin,
+                    dram_gbps_per_sm(index, prop->multiProcessorCount)};
 }
 
 std::string all_config_names(int elem_size) {
