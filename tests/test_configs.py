@@ -160,3 +160,17 @@ def test_auto_follows_the_shipped_file_on_its_gpu(monkeypatch, tmp_path):
     grad_x, grad_c, _ = bwd(x, c, y.detach(), None, 1, False, bwd_cfg)
     assert torch.equal(grads[0], grad_x) and torch.equal(grads[1], grad_c)
     clear_memo()
+
+
+def test_tuner_pick_over_a_bucket():
+    """The tuner's choice for a bucket: the best geometric mean of a config's time over the native
+    default's across the bucket's problems (a config that wins at one row count and loses more at
+    another does not win), the default kept within KEEP_DEFAULT of the best, and a config that did
+    not run on every problem out."""
+    from torch_linrec.bench.tune import KEEP_DEFAULT, _pick
+
+    assert _pick([{"native": 1.0, "a": 0.9, "b": 0.95}]) == "a"
+    assert _pick([{"native": 1.0, "a": 0.9}, {"native": 1.0, "a": 1.15}]) == "native"
+    assert _pick([{"native": 1.0, "a": 0.9, "b": 0.96}, {"native": 1.0, "a": 1.15, "b": 0.96}]) == "b"
+    assert _pick([{"native": 1.0, "a": 1 - KEEP_DEFAULT / 2}]) == "native"
+    assert _pick([{"native": 1.0, "a": 0.5}, {"native": 1.0}]) == "native"

@@ -6,6 +6,9 @@ For each tuning problem (a shape, layout and dtype; its bucket is
 :func:`torch_linrec.config_names` runs (``"native"``, the native defaults, among them); names that
 do not apply to the layout raise ValueError and are skipped. The fastest wins, except that the
 native default stays where it is within :data:`KEEP_DEFAULT` of the fastest (no churn from noise).
+Where several problems share a bucket, "fastest" is the best geometric mean of each config's time
+over the native default's, across them (one bucket spans row counts that fill different fractions
+of a wave).
 Times are medians (``triton.testing.do_bench``), compared with ``torch.add`` on the same shape in
 the same process: forward ratio ``t_add / t`` (3 tensors moved), backward ``(5/3) t_add / t`` (5).
 Tuning never runs implicitly: only this command writes cache files.
@@ -13,6 +16,7 @@ Tuning never runs implicitly: only this command writes cache files.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +48,7 @@ class TuneProblem:
     coeff_shape: tuple | None = None
 
 
-# One problem per bucket: innermost rows from many short to few very long, (B, L, D) channels from
+# One problem per bucket (one bucket two): innermost rows from many short to few very long, (B, L, D) channels from
 # a decoding-size call to a large layer, and broadcast (time-invariant) coeffs.
 PROBLEMS: tuple[TuneProblem, ...] = (
     TuneProblem("NL-131072x1024", (131072, 1024), -1),
@@ -54,6 +58,8 @@ PROBLEMS: tuple[TuneProblem, ...] = (
     TuneProblem("NL-4096x16384", (4096, 16384), -1),
     TuneProblem("NL-1024x65536", (1024, 65536), -1),
     TuneProblem("NL-128x1048576", (128, 1 << 20), -1),
+    # the same bucket at a wave and a half of rows (one block per row leaves SMs idle there)
+    TuneProblem("NL-200x1048576", (200, 1 << 20), -1),
     TuneProblem("NL-16x4194304", (16, 1 << 22), -1),
     TuneProblem("NL-4x16777216", (4, 1 << 24), -1),
     TuneProblem("BLD-8x4096x4096", (8, 4096, 4096), 1),
@@ -80,9 +86,13 @@ def _run_bwd(cfg, gy, c, y, dim):
     return lambda: torch.ops.linrec.scan_backward(gy, c, y, None, dim, False, cfg)
 
 
-def _pick(times: dict) -> str:
-    best = min(times, key=times.get)
-    if "native" in times and times["native"] <= (1 + KEEP_DEFAULT) * times[best]:
+def _pick(runs: list[dict]) -> str:
+    """The winning config name over one bucket's problems: ``runs`` holds each problem's times (ms) by
+    config name, ``"native"`` among them; configs missing from any problem are out."""
+    names = set.intersection(*(set(t) for t in runs))
+    score = {n: math.exp(sum(math.log(t[n] / t["native"]) for t in runs) / len(runs)) for n in names}
+    best = min(sorted(score), key=score.get)
+    if score["native"] <= (1 + KEEP_DEFAULT) * score[best]:
         return "native"
     return best
 
@@ -90,7 +100,7 @@ def _pick(times: dict) -> str:
 def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: bool = True, log=print) -> dict:
     """Measures every config on every problem and dtype; returns the cache entries (bucket -> entry)."""
     timer = make_timer(device, quick=quick)
-    entries: dict = {}
+    runs: dict = {}  # bucket key -> [(problem name, times by config, torch.add's time, tensors moved)]
     todo = [(p, dt) for p in problems for dt in dtypes]
     with tqdm(total=len(todo), desc="tune", unit="problem", disable=True if not progress else None,
               dynamic_ncols=True, leave=False) as bar:
@@ -113,17 +123,27 @@ def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: 
                     except ValueError:  # the config does not apply to this layout
                         continue
                     times[name] = timer(fn)
-                win = _pick(times)
                 key = bucket_key("scan", direction, dtype, layout, x.shape[dim], rows)
-                entries[key] = {"config": win, "backend": "triton" if is_triton_config(win) else "native",
-                                "ratio": round(moved / 3 * t_add / times[win], 4), "ms": round(times[win], 5),
-                                "ms_native_default": round(times["native"], 5), "problem": prob.name}
+                runs.setdefault(key, []).append((prob.name, times, t_add, moved))
+                win = _pick([times])
                 log(f"  {prob.name:<24} {str(dtype).removeprefix('torch.'):<9} {direction}  {win:<24} "
                     f"ratio {moved / 3 * t_add / times[win]:.3f}  (native default "
                     f"{moved / 3 * t_add / times['native']:.3f}; {len(times)} configs)")
             del x, c, gy, y
             torch.cuda.empty_cache()
             bar.update(1)
+    entries: dict = {}
+    for key, bucket in runs.items():
+        win = _pick([times for _, times, _, _ in bucket])
+        ratios = [moved / 3 * t_add / times[win] for _, times, t_add, moved in bucket]
+        first = bucket[0][1]
+        entries[key] = {"config": win, "backend": "triton" if is_triton_config(win) else "native",
+                        "ratio": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4),
+                        "ms": round(first[win], 5), "ms_native_default": round(first["native"], 5),
+                        "problem": "+".join(name for name, _, _, _ in bucket)}
+        if len(bucket) > 1:
+            log(f"  bucket {key}: {win} over {entries[key]['problem']} (ratios "
+                + ", ".join(f"{r:.3f}" for r in ratios) + ")")
     return entries
 
 
