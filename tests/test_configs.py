@@ -171,6 +171,8 @@ def test_tuner_pick_over_a_bucket():
 
     assert _pick([{"native": 1.0, "a": 0.9, "b": 0.95}]) == "a"
     assert _pick([{"native": 1.0, "a": 0.9}, {"native": 1.0, "a": 1.15}]) == "native"
+    # not the last problem alone, nor the arithmetic mean (1.2): the geometric mean, 0.975
+    assert _pick([{"native": 1.0, "a": 0.5}, {"native": 1.0, "a": 1.9}]) == "a"
     assert _pick([{"native": 1.0, "a": 0.9, "b": 0.96}, {"native": 1.0, "a": 1.15, "b": 0.96}]) == "b"
     assert _pick([{"native": 1.0, "a": 1 - KEEP_DEFAULT / 2}]) == "native"
     assert _pick([{"native": 1.0, "a": 0.5}, {"native": 1.0}]) == "native"

@@ -274,18 +274,22 @@ def test_look_back_few_rows(rows, config):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reverse", REVERSE)
 @pytest.mark.parametrize("rows", [1, 3])
-def test_ring_kernel_configs(rows, reverse, dtype, config):
+@pytest.mark.parametrize("tail", [16, 0])
+def test_ring_kernel_configs(tail, rows, reverse, dtype, config):
     """Few long aligned rows, each ring config by name: every block takes more tiles than its ring has
     slots (each slot reused, tiles of different rows in turn), the last tile partial (read from global
-    memory) and the backward's halos across tiles, forward and backward, with initial."""
+    memory; `tail` 16) or whole (every tile's outputs stored through its slot, the gradient of the
+    initial state from the last tile's last thread; `tail` 0), and the backward's halos across
+    tiles, forward and backward, with initial."""
     if not _stream_capable():
         pytest.skip("the ring kernel needs compute capability 9.0 and ~220 KiB of shared memory")
     size = _elem_size(dtype)
     name = _names("ring", size)[config]
-    # > 12 tiles per block for the largest tile (8192 steps): 13 * SMs tiles over the rows, 16 steps
-    # past whole tiles (a multiple of the 16-byte vector: the backward walks down y).
-    length = 13 * _sms() * _T // rows + 16
-    x, c, h0 = _rows(rows, length, dtype, seed=zlib.crc32(repr((rows, reverse, str(dtype), config)).encode()))
+    # > 12 tiles per block for the largest tile (8192 steps, a multiple of every ring tile): 13 * SMs
+    # tiles over the rows, plus `tail` steps (a multiple of the 16-byte vector: the backward walks
+    # down y).
+    length = -(-13 * _sms() // rows) * _T + tail
+    x, c, h0 = _rows(rows, length, dtype, seed=zlib.crc32(repr((tail, rows, reverse, str(dtype), config)).encode()))
     (fwd, bwd), = check_configs(x, c, h0, -1, reverse, dtype, [name]).values()
     assert fwd and bwd, name
 

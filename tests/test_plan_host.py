@@ -226,6 +226,19 @@ int main() {
       for (bool bwd : {false, true})
         for (long long rows : {100, 128, 200, 1000}) show(9, elem, bwd, rows, rows == 1000 ? 1 << 18 : 1 << 20);
   }
+  // x walked forward, coeffs backward (a flipped view): the ring walks its streamed inputs one way
+  // and does not apply; the stream kernel does, on the H100 too
+  ScanParams p{};
+  const long long len = 1 << 20;
+  p.len = len; p.num_seq = 128; p.nbatch = 1; p.bsize[0] = 128;
+  alignas(16) static float buf[4];
+  for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = 1; p.bstride[s][0] = len; }
+  for (int s : {kIn, kCoeff, kOut}) p.ptr[s] = buf;
+  p.lstride[kCoeff] = -1;
+  p.ptr[kCoeff] = reinterpret_cast<char*>(buf) + (len - 1) * 4;  // its lowest address is buf's
+  bool inapplicable;
+  const ScanPlan plan = plan_scan(p, 4, DeviceInfo{132, 9, 232448, 25.4f}, ConfigRequest{}, &inapplicable);
+  std::printf("9 4 0 128 %lld %s\n", len, config_name(plan.kind, 4, plan.config));
 }
 """
 
@@ -234,7 +247,8 @@ int main() {
 def test_ring_or_stream_defaults(tmp_path):
     """As many long rows as SMs or more: on a Hopper card whose DRAM gives each SM at most 30 GB/s
     (the H100's 25) the ring, except for the 2-byte backward; with more per SM (the H200's 37) or an
-    unknown bandwidth, one stream block per row."""
+    unknown bandwidth, one stream block per row; and where the ring does not apply (inputs walked
+    different ways), the stream kernel on the H100 too."""
     src = tmp_path / "ring_or_stream.cpp"
     src.write_text(_RING_OR_STREAM_PROGRAM)
     exe = tmp_path / "ring_or_stream"
@@ -249,4 +263,4 @@ def test_ring_or_stream_defaults(tmp_path):
             for bwd in (False, True):
                 name = ring[elem] if device == "H100" and not (elem == 2 and bwd) else stream[elem]
                 expect += [name] * 4
-    assert got == expect
+    assert got == expect + [stream[4]]
