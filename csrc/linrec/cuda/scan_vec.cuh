@@ -123,12 +123,6 @@ __device__ __forceinline__ void write_chunk(T* tile, bool rev, const float (&in)
   }
 }
 
-// Whether store_span_by_warps applies: whole warps, each thread's steps a power of two of 16-byte
-// vectors (at most 8).
-template <typename T, int E, int NT>
-constexpr bool kStoresByWarps = NT % 32 == 0 && (E * sizeof(T)) % 16 == 0 && (E * sizeof(T) / 16) <= 8 &&
-                                ((E * sizeof(T) / 16) & (E * sizeof(T) / 16 - 1)) == 0;
-
 // Stores a full tile's output `out` (NT * E steps from walk step t0 of the sequence at `base`;
 // rev: walked downwards in memory) through `buf` (NT * E elements of shared memory that only this
 // thread's warp touches in its span): each thread writes its E steps where write_chunk puts them,
@@ -138,7 +132,7 @@ constexpr bool kStoresByWarps = NT % 32 == 0 && (E * sizeof(T)) % 16 == 0 && (E 
 // item 55: the ring's forward on the H100, bf16 16 x 2^22 0.189 -> 0.175 ms).
 template <typename T, int E, int NT>
 __device__ __forceinline__ void store_span_by_warps(T* buf, T* base, int64_t t0, bool rev, const float (&out)[E]) {
-  static_assert(kStoresByWarps<T, E, NT>, "whole warps of whole vectors");
+  static_assert(NT % 32 == 0, "whole warps");  // (write_chunk asserts whole vectors)
   constexpr int kNV = E * static_cast<int>(sizeof(T)) / 16;
   constexpr int64_t kTile = int64_t(E) * NT;
   write_chunk<T, E, NT>(buf, rev, out);
