@@ -235,18 +235,19 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
                               (kBackward ? (st.ls_dx < 0) == kRev && (st.ls_dc < 0) == kRev : (st.ls_y < 0) == kRev);
         if (via_slot) {
           T* const region = staged + s * R::kSlotElems + S::kHalo;
-          store_span_by_warps<T, E, NT>(region, kBackward ? st.dx : st.y, t0, kRev, v);
+          store_span_by_warps<T, E, NT, kBackward>(region, kBackward ? st.dx : st.y, t0, kRev, v);
           if constexpr (kBackward) {
-            store_span_by_warps<T, E, NT>(region, st.dc, t0, kRev, yn);
+            store_span_by_warps<T, E, NT, kBackward>(region, st.dc, t0, kRev, yn);
             if (t0 + S::kTile == L && threadIdx.x == NT - 1)  // d initial = c[L-1] * g[L-1]
               *st.dh0 = from_float<T>(to_float(st.cf[(L - 1) * st.ls_c]) * h_last);
           }
         } else {
           store_outputs<T, E, kBackward>(st, L, tf, r, args.vec_mask, 0u, h_last, v, yn);
         }
-        // The slot's record (st) is read until here, and the producer's next bulk copy into the
-        // region must come after the generic-proxy writes above.
-        if (via_slot) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+        // The slot's record (st) is read until here; the producer's next bulk copy into the region
+        // must come after the forward's generic-proxy writes above (the backward's bulk stores
+        // have read it).
+        if (!kBackward && via_slot) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
         __syncwarp();
         if (lane == 0) ring::arrive(&free_slot[s]);
         ++next_replay;
@@ -291,6 +292,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       ring::arrive(&reduced[s]);
     }
   }
+  if (kBackward && lane == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});  // the warp's output stores
 #else
   __trap();  // planned only on compute capability >= 9.0
 #endif

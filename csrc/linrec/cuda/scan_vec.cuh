@@ -3,6 +3,7 @@
 // Thread i holds the steps [i E, (i+1) E) of the tile in walk order ("blocked"): in memory
 // order its "chunk" is i (forward walk) or NT-1-i (reverse walk, elements reversed).
 #pragma once
+#include <cuda/ptx>
 #include "scan_common.cuh"
 
 namespace linrec {
@@ -126,23 +127,33 @@ __device__ __forceinline__ void write_chunk(T* tile, bool rev, const float (&in)
 // Stores a full tile's output `out` (NT * E steps from walk step t0 of the sequence at `base`;
 // rev: walked downwards in memory) through `buf` (NT * E elements of shared memory that only this
 // thread's warp touches in its span): each thread writes its E steps where write_chunk puts them,
-// and the warp stores its span with every instruction covering 512 contiguous bytes. Stored
-// straight from registers, a thread's E steps are two or more 16-byte vectors 16 E bytes apart
-// between lanes, so each instruction writes every 32-byte sector it touches in halves (bench/NOTES.md
-// item 55: the ring's forward on the H100, bf16 16 x 2^22 0.189 -> 0.175 ms).
-template <typename T, int E, int NT>
+// then the warp stores its span (32 E contiguous elements): kBulk, lane 0 with one bulk copy,
+// waiting until it has read `buf`; else the lanes, every instruction covering 512 contiguous
+// bytes. Stored straight from registers, a thread's E steps are two or more 16-byte vectors 16 E
+// bytes apart between lanes, so each instruction writes every 32-byte sector it touches in halves
+// (bench/NOTES.md items 55 and 58).
+template <typename T, int E, int NT, bool kBulk>
 __device__ __forceinline__ void store_span_by_warps(T* buf, T* base, int64_t t0, bool rev, const float (&out)[E]) {
   static_assert(NT % 32 == 0, "whole warps");  // (write_chunk asserts whole vectors)
   constexpr int kNV = E * static_cast<int>(sizeof(T)) / 16;
   constexpr int64_t kTile = int64_t(E) * NT;
   write_chunk<T, E, NT>(buf, rev, out);
+  if constexpr (kBulk) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // visible to the bulk copy
   __syncwarp();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int first = (rev ? NT - 32 * (warp + 1) : 32 * warp) * kNV;  // the warp's first vector in memory order
   const uint4* src = reinterpret_cast<const uint4*>(buf) + first;
   uint4* dst = reinterpret_cast<uint4*>(rev ? base - (t0 + kTile - 1) : base + t0) + first;
+  if constexpr (kBulk) {
+    if (lane == 0) {
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst, src, 32u * kNV * 16u);
+      cuda::ptx::cp_async_bulk_commit_group();
+      cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+    }
+  } else {
 #pragma unroll
-  for (int j = 0; j < kNV; ++j) dst[j * 32 + lane] = src[j * 32 + lane];
+    for (int j = 0; j < kNV; ++j) dst[j * 32 + lane] = src[j * 32 + lane];
+  }
   __syncwarp();  // the span is read before the next output overwrites it
 }
 
