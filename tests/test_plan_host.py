@@ -225,6 +225,9 @@ int main() {
     for (int elem : {4, 2})
       for (bool bwd : {false, true})
         for (long long rows : {100, 128, 200, 1000}) show(9, elem, bwd, rows, rows == 1000 ? 1 << 18 : 1 << 20);
+    for (int elem : {4, 2})  // shorter rows: the stream kernel everywhere
+      for (bool bwd : {false, true})
+        for (long long rows : {128, 1000}) show(9, elem, bwd, rows, rows == 1000 ? 1 << 17 : 1 << 16);
   }
   // x walked forward, coeffs backward (a flipped view): the ring walks its streamed inputs one way
   // and does not apply; the stream kernel does, on the H100 too
@@ -245,10 +248,10 @@ int main() {
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 def test_ring_or_stream_defaults(tmp_path):
-    """As many long rows as SMs or more: on a Hopper card whose DRAM gives each SM at most 30 GB/s
-    (the H100's 25) the ring, except for the 2-byte backward; with more per SM (the H200's 37) or an
-    unknown bandwidth, one stream block per row; and where the ring does not apply (inputs walked
-    different ways), the stream kernel on the H100 too."""
+    """As many rows as SMs or more: on a Hopper card whose DRAM gives each SM at most 30 GB/s (the
+    H100's 25) the ring for rows of 2^18 steps or more, except for the 2-byte backward; with more
+    per SM (the H200's 37), an unknown bandwidth or shorter rows, one stream block per row; and
+    where the ring does not apply (inputs walked different ways), the stream kernel on the H100 too."""
     src = tmp_path / "ring_or_stream.cpp"
     src.write_text(_RING_OR_STREAM_PROGRAM)
     exe = tmp_path / "ring_or_stream"
@@ -263,4 +266,5 @@ def test_ring_or_stream_defaults(tmp_path):
             for bwd in (False, True):
                 name = ring[elem] if device == "H100" and not (elem == 2 and bwd) else stream[elem]
                 expect += [name] * 4
+        expect += [stream[elem] for elem in (4, 2) for bwd in (False, True) for rows in (128, 1000)]
     assert got == expect + [stream[4]]

@@ -10,7 +10,7 @@ struct ScanDefaults {
   int tile_lookback;  // tile config when a sequence spans blocks chained by look-back
   int stream;         // stream config, or -1: no stream kernel
   int ring;           // ring config for fewer sequences than the stream kernel takes, or -1
-  bool ring_over_stream;  // the ring also where stream blocks would fill the SMs
+  int64_t ring_over_stream_len;  // rows at least this long take the ring where stream blocks would fill the SMs (0: none)
   int channel;        // channel config
   int channel_pipe[2];  // channel configs whose blocks walk L (enough channel blocks): the first that may, or -1
 };
@@ -36,12 +36,16 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
   // tiles (16 x 2^22 float32 forward / backward 0.93 / 0.95 of a vector add vs 0.84 / 0.82; the
   // tile kernel's look-back 0.69 / 0.71).
   d.ring = 0;
-  // The ring where DRAM gives each SM at most 30 GB/s (H100 SXM: 25), however many sequences:
-  // there it beat one stream block per row at 100-1000 rows of 2^18-2^20 steps, float32 forward /
-  // backward by 1-13% / 2-7%, 2-byte forward by 2-7%, most where rows leave part of a wave idle
-  // (100 rows: 0.45 vs 0.51 ms; bench/NOTES.md item 56). Not the 2-byte backward (128 rows: 0.55
-  // vs 0.50 ms), nor where each SM gets more (H200: 37) than the ring moves per SM (~23, item 41).
-  d.ring_over_stream = dram_gbps_per_sm > 0.f && dram_gbps_per_sm <= 30.f && !(elem_size == 2 && backward);
+  // The ring where DRAM gives each SM at most 30 GB/s (H100 SXM: 25), however many sequences of at
+  // least 2^18 steps: there it beat one stream block per row at 100-1000 rows of 2^18-2^20 steps,
+  // float32 forward / backward by up to 12% / 7%, 2-byte forward by up to 7%, most where rows leave
+  // part of a wave idle (100 x 2^20: 0.45 vs 0.51 ms; bench/NOTES.md items 56, 58). Shorter rows
+  // keep the stream kernel: the ring's fill and drain cost more than a wave's tail (100 x 2^15
+  // 0.030 vs 0.019 ms, 128 x 2^16 0.051 vs 0.043, 1024 x 2^16 0.29 vs 0.28). Not the 2-byte
+  // backward (128 x 2^20: 0.55 vs 0.50 ms), nor where each SM gets more (H200: 37) than the ring
+  // moves per SM (~23, item 41).
+  d.ring_over_stream_len =
+      dram_gbps_per_sm > 0.f && dram_gbps_per_sm <= 30.f && !(elem_size == 2 && backward) ? int64_t(1) << 18 : 0;
   // Channel groups by what measured fastest (bench/NOTES.md item 23): 16 steps of pairs for the
   // 4-byte forward (mamba-BLD 0.96 of torch.add vs 0.94 with 4 channels), 16 steps of 4 channels
   // for the 2-byte forward (bf16 mamba-BLD 0.84 vs 0.73 with 8, 0.59 with pairs); pairs for the

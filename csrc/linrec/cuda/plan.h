@@ -292,10 +292,11 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
                         p.num_seq * ceil_div(p.len, ring_config(elem_size, def.ring).tile()) >= 2 * dev.num_sms &&
                         config_applies(p, elem_size, dev, ScanKind::kRing, def.ring);
       // The stream kernel instead for about as many sequences as SMs (a block for at least 3/4 of
-      // them), unless the device prefers the ring there: the look-back reached ~0.55 of torch.add
-      // on few-long (H200).
-      if (plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && def.stream >= 0 &&
-          !(ring && def.ring_over_stream) && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream))
+      // them), unless the device prefers the ring for rows this long: the look-back reached ~0.55
+      // of torch.add on few-long (H200).
+      const bool ring_preferred = ring && def.ring_over_stream_len > 0 && p.len >= def.ring_over_stream_len;
+      if (plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && def.stream >= 0 && !ring_preferred &&
+          config_applies(p, elem_size, dev, ScanKind::kStream, def.stream))
         plan_stream(plan, p, elem_size, def.stream);
       else if (ring)
         plan_ring(plan, p, elem_size, dev, def.ring);
