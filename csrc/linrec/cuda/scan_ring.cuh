@@ -8,8 +8,8 @@
 //   slots is free, and fetches each input with one bulk copy (cp.async.bulk) at once;
 // - the NT consumer threads reduce each tile as it lands (their in-tile exclusive prefixes go to
 //   shared memory, the tile's aggregate to the look-back status), and replay a reduced tile from
-//   its slot once its prefix is known, then free the slot; they replay whenever a prefix is
-//   ready and reduce otherwise, so aggregates are published as soon as the data is there;
+//   its slot once its prefix is known, then free the slot; they reduce a tile as soon as it lands
+//   and replay otherwise, so aggregates are published as soon as the data is there;
 // - a look-back warp resolves each reduced tile's prefix in order (warp_look_back), publishes
 //   its inclusive state and hands the prefix to the consumers.
 // The tile kernel's block holds its tile in registers from its loads to its replay, across the
@@ -200,97 +200,99 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
     }
   }
 
-  // Consumers: replay the oldest reduced tile when its prefix is ready, else reduce the next
-  // staged tile. Each warp goes at its own pace (no barrier between consumer warps): it scans its
+  // Consumers: reduce the next staged tile as soon as it lands (its aggregate is what the
+  // look-backs of later tiles, in other blocks too, wait for), else replay the oldest reduced tile
+  // when its prefix is ready (bench/NOTES.md item 58: bf16 16 x 2^22 backward -4% against replay
+  // first). Each warp goes at its own pace (no barrier between consumer warps): it scans its
   // lanes' maps and leaves its total, and the tile's last warp to do so composes the totals and
   // hands the tile's aggregate to the look-back warp.
   int64_t next_reduce = 0, next_replay = 0;
   bool claimed_all = false;
   while (!claimed_all || next_replay < next_reduce) {
-    if (next_replay < next_reduce) {
-      const int s = static_cast<int>(next_replay % SLOTS);
-      if (ring::warp_test(&prefix_ready[s], next_replay / SLOTS)) {
+    if (!claimed_all) {
+      const int s = static_cast<int>(next_reduce % SLOTS);
+      if (ring::warp_test(&full[s], next_reduce / SLOTS)) {
         const RingSlotInfo<T>& in = info[s];
-        const SeqTensors<T>& st = in.tensors();
-        const int64_t t0 = in.chunk * S::kTile;
+        if (in.vid < 0) {
+          claimed_all = true;
+          if (threadIdx.x == 0) ring::arrive(&reduced[s]);  // ends the look-back warp
+          continue;
+        }
         float v[E], c[E], yn[E];
-        load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, st, L, t0, args.vec_mask,
-                                                                   v, c, yn);
-        const Affine pre = sh.thread_prefix[s * NT + threadIdx.x];
-        float h = sh.tile_prefix[s];
-        if (warp > 0) {
-          const Affine before = sh.warp_totals[s * R::kWarps + warp - 1];
-          h = fmaf(before.a, h, before.b);
+        load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, in.tensors(), L,
+                                                                   in.chunk * S::kTile, args.vec_mask, v, c, yn);
+        Affine inc = reduce_steps<E>(v, c);
+        warp_inclusive_scan(inc);
+        const float ea = __shfl_up_sync(0xffffffffu, inc.a, 1), eb = __shfl_up_sync(0xffffffffu, inc.b, 1);
+        sh.thread_prefix[s * NT + threadIdx.x] = lane == 0 ? Affine{1.f, 0.f} : Affine{ea, eb};
+        Affine* const totals = sh.warp_totals + s * R::kWarps;
+        bool last = false;
+        if (lane == 31) {
+          totals[warp] = inc;
+          last = ring::last_arrival(&sh.arrivals[s], R::kWarps);
         }
-        h = fmaf(pre.a, h, pre.b);
-        const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
-        const StepSpan r = step_span<E>(tf, L);
-        const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
-        // A full tile's outputs, when all run the inputs' way 16-byte aligned, go through the slot's
-        // first region (x or grad_y: each step there is read only by the thread that holds it). The
-        // gradient of the initial state is written here, not by store_outputs: with store_outputs on
-        // this path the 2-byte 512-thread backward spilled 130 bytes instead of 58.
-        constexpr unsigned kOuts = kBackward ? (1u << kGradIn) | (1u << kGradCoeff) : 1u << kOut;
-        const bool via_slot = t0 + S::kTile <= L && (args.vec_mask & kOuts) == kOuts &&
-                              (kBackward ? (st.ls_dx < 0) == kRev && (st.ls_dc < 0) == kRev : (st.ls_y < 0) == kRev);
-        if (via_slot) {
-          T* const region = staged + s * R::kSlotElems + S::kHalo;
-          store_span_by_warps<T, E, NT, kBackward>(region, kBackward ? st.dx : st.y, t0, kRev, v);
-          if constexpr (kBackward) {
-            store_span_by_warps<T, E, NT, kBackward>(region, st.dc, t0, kRev, yn);
-            if (t0 + S::kTile == L && threadIdx.x == NT - 1)  // d initial = c[L-1] * g[L-1]
-              *st.dh0 = from_float<T>(to_float(st.cf[(L - 1) * st.ls_c]) * h_last);
-          }
-        } else {
-          store_outputs<T, E, kBackward>(st, L, tf, r, args.vec_mask, 0u, h_last, v, yn);
+        ++next_reduce;
+        if (!__shfl_sync(0xffffffffu, last, 31)) continue;
+        __syncwarp();  // lane 31's acquire of the other warps' totals orders the lanes' reads below
+        // Lane w < kWarps takes warp w's total; their scan gives each warp the map before the next one
+        // and the tile's aggregate.
+        Affine t = lane < R::kWarps ? totals[lane] : Affine{1.f, 0.f};
+        warp_inclusive_scan(t);
+        if (lane < R::kWarps) totals[lane] = t;
+        const Affine all{__shfl_sync(0xffffffffu, t.a, R::kWarps - 1), __shfl_sync(0xffffffffu, t.b, R::kWarps - 1)};
+        __syncwarp();  // the composed totals are written before lane 0's release on `reduced`
+        if (lane == 0) {
+          if (in.chunk > 0) args.lb.publish_aggregate(in.vid, all);
+          sh.tile_agg[s] = all;
+          ring::arrive(&reduced[s]);
         }
-        // The slot's record (st) is read until here; the producer's next bulk copy into the region
-        // must come after the forward's generic-proxy writes above (the backward's bulk stores
-        // have read it).
-        if (!kBackward && via_slot) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-        __syncwarp();
-        if (lane == 0) ring::arrive(&free_slot[s]);
-        ++next_replay;
         continue;
       }
     }
-    if (claimed_all) continue;
-    const int s = static_cast<int>(next_reduce % SLOTS);
-    if (!ring::warp_test(&full[s], next_reduce / SLOTS)) continue;
+    if (next_replay == next_reduce) continue;
+    const int s = static_cast<int>(next_replay % SLOTS);
+    if (!ring::warp_test(&prefix_ready[s], next_replay / SLOTS)) continue;
     const RingSlotInfo<T>& in = info[s];
-    if (in.vid < 0) {
-      claimed_all = true;
-      if (threadIdx.x == 0) ring::arrive(&reduced[s]);  // ends the look-back warp
-      continue;
-    }
+    const SeqTensors<T>& st = in.tensors();
+    const int64_t t0 = in.chunk * S::kTile;
     float v[E], c[E], yn[E];
-    load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, in.tensors(), L,
-                                                               in.chunk * S::kTile, args.vec_mask, v, c, yn);
-    Affine inc = reduce_steps<E>(v, c);
-    warp_inclusive_scan(inc);
-    const float ea = __shfl_up_sync(0xffffffffu, inc.a, 1), eb = __shfl_up_sync(0xffffffffu, inc.b, 1);
-    sh.thread_prefix[s * NT + threadIdx.x] = lane == 0 ? Affine{1.f, 0.f} : Affine{ea, eb};
-    Affine* const totals = sh.warp_totals + s * R::kWarps;
-    bool last = false;
-    if (lane == 31) {
-      totals[warp] = inc;
-      last = ring::last_arrival(&sh.arrivals[s], R::kWarps);
+    load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, st, L, t0, args.vec_mask,
+                                                               v, c, yn);
+    const Affine pre = sh.thread_prefix[s * NT + threadIdx.x];
+    float h = sh.tile_prefix[s];
+    if (warp > 0) {
+      const Affine before = sh.warp_totals[s * R::kWarps + warp - 1];
+      h = fmaf(before.a, h, before.b);
     }
-    ++next_reduce;
-    if (!__shfl_sync(0xffffffffu, last, 31)) continue;
-    __syncwarp();  // lane 31's acquire of the other warps' totals orders the lanes' reads below
-    // Lane w < kWarps takes warp w's total; their scan gives each warp the map before the next one
-    // and the tile's aggregate.
-    Affine t = lane < R::kWarps ? totals[lane] : Affine{1.f, 0.f};
-    warp_inclusive_scan(t);
-    if (lane < R::kWarps) totals[lane] = t;
-    const Affine all{__shfl_sync(0xffffffffu, t.a, R::kWarps - 1), __shfl_sync(0xffffffffu, t.b, R::kWarps - 1)};
-    __syncwarp();  // the composed totals are written before lane 0's release on `reduced`
-    if (lane == 0) {
-      if (in.chunk > 0) args.lb.publish_aggregate(in.vid, all);
-      sh.tile_agg[s] = all;
-      ring::arrive(&reduced[s]);
+    h = fmaf(pre.a, h, pre.b);
+    const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
+    const StepSpan r = step_span<E>(tf, L);
+    const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
+    // A full tile's outputs, when all run the inputs' way 16-byte aligned, go through the slot's
+    // first region (x or grad_y: each step there is read only by the thread that holds it). The
+    // gradient of the initial state is written here, not by store_outputs: with store_outputs on
+    // this path the 2-byte 512-thread backward spilled 130 bytes instead of 58.
+    constexpr unsigned kOuts = kBackward ? (1u << kGradIn) | (1u << kGradCoeff) : 1u << kOut;
+    const bool via_slot = t0 + S::kTile <= L && (args.vec_mask & kOuts) == kOuts &&
+                          (kBackward ? (st.ls_dx < 0) == kRev && (st.ls_dc < 0) == kRev : (st.ls_y < 0) == kRev);
+    if (via_slot) {
+      T* const region = staged + s * R::kSlotElems + S::kHalo;
+      store_span_by_warps<T, E, NT, kBackward>(region, kBackward ? st.dx : st.y, t0, kRev, v);
+      if constexpr (kBackward) {
+        store_span_by_warps<T, E, NT, kBackward>(region, st.dc, t0, kRev, yn);
+        if (t0 + S::kTile == L && threadIdx.x == NT - 1)  // d initial = c[L-1] * g[L-1]
+          *st.dh0 = from_float<T>(to_float(st.cf[(L - 1) * st.ls_c]) * h_last);
+      }
+    } else {
+      store_outputs<T, E, kBackward>(st, L, tf, r, args.vec_mask, 0u, h_last, v, yn);
     }
+    // The slot's record (st) is read until here; the producer's next bulk copy into the region
+    // must come after the forward's generic-proxy writes above (the backward's bulk stores
+    // have read it).
+    if (!kBackward && via_slot) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+    __syncwarp();
+    if (lane == 0) ring::arrive(&free_slot[s]);
+    ++next_replay;
   }
   if (kBackward && lane == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});  // the warp's output stores
 #else
