@@ -16,7 +16,7 @@ Tuning never runs implicitly: only this command writes cache files.
 from __future__ import annotations
 
 import argparse
-import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +48,8 @@ class TuneProblem:
     coeff_shape: tuple | None = None
 
 
-# One problem per bucket (one bucket two): innermost rows from many short to few very long, (B, L, D) channels from
-# a decoding-size call to a large layer, and broadcast (time-invariant) coeffs.
+# One problem per bucket (one bucket two): innermost rows from many short to few very long, (B, L, D)
+# channels from a decoding-size call to a large layer, and broadcast (time-invariant) coeffs.
 PROBLEMS: tuple[TuneProblem, ...] = (
     TuneProblem("NL-131072x1024", (131072, 1024), -1),
     TuneProblem("NL-8192x256", (8192, 256), -1),
@@ -90,7 +90,7 @@ def _pick(runs: list[dict]) -> str:
     """The winning config name over one bucket's problems: ``runs`` holds each problem's times (ms) by
     config name, ``"native"`` among them; configs missing from any problem are out."""
     names = set.intersection(*(set(t) for t in runs))
-    score = {n: math.exp(sum(math.log(t[n] / t["native"]) for t in runs) / len(runs)) for n in names}
+    score = {n: statistics.geometric_mean(t[n] / t["native"] for t in runs) for n in names}
     best = min(sorted(score), key=score.get)
     if score["native"] <= (1 + KEEP_DEFAULT) * score[best]:
         return "native"
@@ -138,7 +138,7 @@ def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: 
         ratios = [moved / 3 * t_add / times[win] for _, times, t_add, moved in bucket]
         first = bucket[0][1]
         entries[key] = {"config": win, "backend": "triton" if is_triton_config(win) else "native",
-                        "ratio": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4),
+                        "ratio": round(statistics.geometric_mean(ratios), 4),
                         "ms": round(first[win], 5), "ms_native_default": round(first["native"], 5),
                         "problem": "+".join(name for name, _, _, _ in bucket)}
         if len(bucket) > 1:
