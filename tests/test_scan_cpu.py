@@ -105,26 +105,31 @@ def test_transposed_rows(reverse):
     _check(x.t(), c.t(), gy.t(), h0, -1, reverse, torch.float32)
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("shared_coeffs", [False, True])
-def test_forward_batch_invariant(reverse, shared_coeffs):
-    """Each row's forward output has the same bits alone as in any batch, wherever it falls (a
-    kernel that walks rows together, e.g. two per vector, must keep this)."""
-    x, c, _, h0 = _inputs((7, 1037), -1, torch.float32, with_initial=True)
+def test_batch_invariant(reverse, shared_coeffs, dtype):
+    """Each row's forward output and gradients have the same bits alone as in any batch, wherever it
+    falls: the walk kernel takes rows two at a time (the pair walk), the last of an odd number
+    alone, with the same operations in the same order."""
+    x, c, gy, h0 = _inputs((7, 1037), -1, dtype, with_initial=True)
     if shared_coeffs:
         c = c[:1].expand(7, 1037)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # no split along L (a single long row is chained across threads)
     try:
         y = scan_op(x, c, h0, -1, reverse, None, None)
+        grads = scan_backward_op(gy, c, y, h0, -1, reverse, None)
         for i in range(7):
-            alone = scan_op(x[i:i + 1], c[i:i + 1], h0[i:i + 1], -1, reverse, None, None)
-            assert torch.equal(alone[0], y[i]), i
-            assert torch.equal(scan_op(x[i:i + 3], c[i:i + 3], h0[i:i + 3], -1, reverse, None, None)[0], y[i]), i
+            for rows in (slice(i, i + 1), slice(i, i + 2), slice(i, i + 3)):
+                args = (c[rows], y[rows], h0[rows], -1, reverse, None)
+                assert torch.equal(scan_op(x[rows], c[rows], h0[rows], -1, reverse, None, None)[0], y[i]), (i, rows)
+                for part, whole in zip(scan_backward_op(gy[rows], *args), grads):
+                    assert torch.equal(part[0], whole[i]), (i, rows)
     finally:
         torch.set_num_threads(threads)
     y_ref = chunked_scan(x.double(), c.double(), h0.double(), dim=-1, reverse=reverse)
-    assert_close_scaled(y, y_ref, torch.float32, "y")
+    assert_close_scaled(y, y_ref, dtype, "y")
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)

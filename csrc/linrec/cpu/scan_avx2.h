@@ -7,7 +7,9 @@
 //   be constant along L). One sequence at a time, 8 steps per vector (16 for bfloat16, as 8 pairs): an
 //   in-register scan (3 shift-and-combine levels of the affine maps (c, x)) gives each lane its
 //   local state and coefficient product, then y = X + C h carries the state in. The carried state
-//   is the only serial dependency: one FMA per vector.
+//   is the only serial dependency: one FMA per vector. The pair walk runs the same operations on
+//   two sequences at once, one per 128-bit half, so the carry between a vector's halves becomes a
+//   carry between two vectors (in-half shuffles only): 1.4-1.5x faster (bench/NOTES.md, item 59).
 // - rows: the (B, L, D) layout, channels contiguous. One block of channels walks L; each step
 //   streams one contiguous run per operand through 8-channel vectors, with the block's states in an
 //   L1-resident array (at most kMaxRowBlock channels).
@@ -86,6 +88,47 @@ LINREC_AVX2 inline void store16(c10::BFloat16* p, __m256 a, __m256 b) {
 }
 LINREC_AVX2 inline void store8(c10::Half* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// 4 values of each of two sequences as one float vector: a's in the low half, b's in the high one
+// (the pair walk's layout), and back.
+LINREC_AVX2 inline __m256 load4x2(const float* a, const float* b) {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(a)), _mm_loadu_ps(b), 1);
+}
+LINREC_AVX2 inline __m128i load_halves(const void* a, const void* b) {  // 8 bytes at a, 8 at b
+  const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a));
+  return _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(lo), reinterpret_cast<const double*>(b)));
+}
+LINREC_AVX2 inline __m256 load4x2(const c10::BFloat16* a, const c10::BFloat16* b) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_halves(a, b)), 16));
+}
+LINREC_AVX2 inline __m256 load4x2(const c10::Half* a, const c10::Half* b) { return _mm256_cvtph_ps(load_halves(a, b)); }
+// 8 bfloat16 values of each of two sequences (a's in the low half, b's in the high one), split by
+// parity as load16 does: even holds elements 0, 2, 4, 6 of each, odd elements 1, 3, 5, 7.
+LINREC_AVX2 inline void load8x2(const c10::BFloat16* a, const c10::BFloat16* b, __m256& even, __m256& odd) {
+  const __m256i w = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(b), reinterpret_cast<const __m128i*>(a));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+LINREC_AVX2 inline void store_halves(void* a, void* b, __m128i v) {  // v's low 8 bytes at a, high 8 at b
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(a), v);
+  _mm_storeh_pd(reinterpret_cast<double*>(b), _mm_castsi128_pd(v));
+}
+LINREC_AVX2 inline void store4x2(float* a, float* b, __m256 v) {
+  _mm_storeu_ps(a, _mm256_castps256_ps128(v));
+  _mm_storeu_ps(b, _mm256_extractf128_ps(v, 1));
+}
+LINREC_AVX2 inline void store4x2(c10::BFloat16* a, c10::BFloat16* b, __m256 v) {
+  const __m256i r = bf16_bits(v);
+  store_halves(a, b, _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08)));
+}
+LINREC_AVX2 inline void store4x2(c10::Half* a, c10::Half* b, __m256 v) {
+  store_halves(a, b, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+// The inverse of load8x2, rounded as store16.
+LINREC_AVX2 inline void store8x2(c10::BFloat16* a, c10::BFloat16* b, __m256 even, __m256 odd) {
+  const __m256i w = _mm256_blend_epi16(_mm256_srli_epi32(bf16_round_high(even), 16), bf16_round_high(odd), 0xaa);
+  _mm256_storeu2_m128i(reinterpret_cast<__m128i*>(b), reinterpret_cast<__m128i*>(a), w);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -185,6 +228,51 @@ struct Walk {
 
   // Offset of the 16 steps u .. u+15.
   static int64_t at16(int64_t u) { return S > 0 ? u : -u - 15; }
+
+  // The pair walk: two sequences side by side, one per 128-bit half, 4 steps per half (step u + i
+  // in lane i of its half walking up, 3 - i walking down, as in the halves of an 8-step vector).
+  static int64_t at4(int64_t u) { return S > 0 ? u : -u - 3; }
+
+  // The last walk step of each half, in all of that half's lanes.
+  LINREC_AVX2 static __m256 last_in_half(__m256 v) { return _mm256_permute_ps(v, S > 0 ? 0xff : 0x00); }
+
+  // 8 steps of each of the pair: (c0, x0) the first 4, (c1, x1) the next 4; x0, x1 become each
+  // step's state, h (each half's state, in all its lanes) advances past them. The operations of
+  // step() on the same 8 steps, in the same order, so a sequence gets the same bits in a pair as
+  // alone; but the carried state's dependency is one FMA and one in-half shuffle per 8 steps of
+  // two sequences, with no cross-half shuffle or trip through memory.
+  LINREC_AVX2 static void pair_step(__m256 c0, __m256& x0, __m256 c1, __m256& x1, __m256& h) {
+    x_scan4(c0, x0);
+    x_scan4(c1, x1);
+    x1 = _mm256_fmadd_ps(c1, last_in_half(x0), x1);
+    c1 = _mm256_mul_ps(c1, last_in_half(c0));
+    x0 = _mm256_fmadd_ps(c0, h, x0);
+    x1 = _mm256_fmadd_ps(c1, h, x1);
+    h = last_in_half(x1);
+  }
+
+  // 16 steps of each of the pair in load8x2's order, as step16 takes them: (ca0, xa0, cb0, xb0) the
+  // first 8 steps of each (4 pairs of steps per half), (ca1, ..) the next 8. step16's operations in
+  // its order, as pair_step is step()'s. The x become each step's state.
+  LINREC_AVX2 static void pair_step16(__m256 ca0, __m256& xa0, __m256 cb0, __m256& xb0, __m256 ca1, __m256& xa1,
+                                      __m256 cb1, __m256& xb1, __m256& h) {
+    __m256& c1_0 = S > 0 ? ca0 : cb0;  // the first step of each pair
+    __m256& x1_0 = S > 0 ? xa0 : xb0;
+    __m256& c2_0 = S > 0 ? cb0 : ca0;
+    __m256& x2_0 = S > 0 ? xb0 : xa0;
+    __m256& c1_1 = S > 0 ? ca1 : cb1;
+    __m256& x1_1 = S > 0 ? xa1 : xb1;
+    __m256& c2_1 = S > 0 ? cb1 : ca1;
+    __m256& x2_1 = S > 0 ? xb1 : xa1;
+    x2_0 = _mm256_fmadd_ps(c2_0, x1_0, x2_0);
+    c2_0 = _mm256_mul_ps(c2_0, c1_0);
+    x2_1 = _mm256_fmadd_ps(c2_1, x1_1, x2_1);
+    c2_1 = _mm256_mul_ps(c2_1, c1_1);
+    const __m256 h_in = h;
+    pair_step(c2_0, x2_0, c2_1, x2_1, h);  // each pair's second step's state; h past all 16
+    x1_0 = _mm256_fmadd_ps(c1_0, shift_in_half<1>(x2_0, h_in), x1_0);
+    x1_1 = _mm256_fmadd_ps(c1_1, shift_in_half<1>(x2_1, last_in_half(x2_0)), x1_1);
+  }
 };
 
 // A walk's entering state (or coefficient product), with a NaN replaced by the quiet NaN 0x7fc00000
@@ -201,6 +289,19 @@ struct WalkIn {
   float value(int64_t t) const { return static_cast<float>(p[constant ? 0 : t * S]); }
   LINREC_AVX2 __m256 vec8(int64_t u) const {
     return constant ? _mm256_set1_ps(static_cast<float>(*p)) : load8(p + Walk<S>::at(u));
+  }
+  // Steps u .. u+3 of this sequence (low half) and of b (high half).
+  LINREC_AVX2 __m256 pair4(const WalkIn& b, int64_t u) const {
+    if (constant)
+      return _mm256_insertf128_ps(_mm256_set1_ps(static_cast<float>(*p)), _mm_set1_ps(static_cast<float>(*b.p)), 1);
+    return load4x2(p + Walk<S>::at4(u), b.p + Walk<S>::at4(u));
+  }
+  // Steps u .. u+7 of this sequence (low half) and of b (high half), bfloat16 split by parity.
+  LINREC_AVX2 void pair8(const WalkIn& b, int64_t u, __m256& even, __m256& odd) const {
+    if (constant)
+      even = odd = _mm256_insertf128_ps(_mm256_set1_ps(static_cast<float>(*p)), _mm_set1_ps(static_cast<float>(*b.p)), 1);
+    else
+      load8x2(p + Walk<S>::at(u), b.p + Walk<S>::at(u), even, odd);
   }
   LINREC_AVX2 void vec16(int64_t u, __m256& a, __m256& b) const {
     if (constant)
@@ -314,6 +415,87 @@ LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, 
   }
   *h_io = _mm256_cvtss_f32(h);
   if (kProd) *prod_io = _mm256_cvtss_f32(prod);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pair walk's body: two sequences of one length side by side (Walk::pair_step, pair_step16),
+// over steps [t0, t1), t1 - t0 a multiple of kPairSteps; h: each one's entering state, then its state after t1. The
+// caller runs their first and last steps alone (walk_forward, walk_backward), where the partial
+// vectors are.
+
+// Both halves' states of a pair vector.
+LINREC_AVX2 inline void pair_states(__m256 h, float* out) {
+  out[0] = _mm256_cvtss_f32(h);
+  out[1] = _mm_cvtss_f32(_mm256_extractf128_ps(h, 1));
+}
+LINREC_AVX2 inline __m256 pair_broadcast(const float* h) {
+  return _mm256_insertf128_ps(_mm256_set1_ps(walk_state(h[0])), _mm_set1_ps(walk_state(h[1])), 1);
+}
+
+// Steps per iteration of the pair walk (bfloat16: step16's 16, as its one-sequence walk).
+template <typename T>
+constexpr int64_t kPairSteps = std::is_same_v<T, c10::BFloat16> ? 16 : 8;
+
+template <int S, typename T>
+LINREC_AVX2 void walk_forward_pair(WalkIn<S, T> ca, WalkIn<S, T> xa, T* ya, WalkIn<S, T> cb, WalkIn<S, T> xb, T* yb,
+                                   int64_t t0, int64_t t1, float* h_io) {
+  using W = Walk<S>;
+  __m256 h = pair_broadcast(h_io);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    for (int64_t u = t0; u < t1; u += 16) {
+      __m256 ca0, cb0, xa0, xb0, ca1, cb1, xa1, xb1;
+      ca.pair8(cb, u, ca0, cb0);
+      xa.pair8(xb, u, xa0, xb0);
+      ca.pair8(cb, u + 8, ca1, cb1);
+      xa.pair8(xb, u + 8, xa1, xb1);
+      W::pair_step16(ca0, xa0, cb0, xb0, ca1, xa1, cb1, xb1, h);
+      store8x2(ya + W::at(u), yb + W::at(u), xa0, xb0);
+      store8x2(ya + W::at(u + 8), yb + W::at(u + 8), xa1, xb1);
+    }
+    return pair_states(h, h_io);
+  }
+  for (int64_t u = t0; u < t1; u += 8) {
+    __m256 x0 = xa.pair4(xb, u), x1 = xa.pair4(xb, u + 4);
+    W::pair_step(ca.pair4(cb, u), x0, ca.pair4(cb, u + 4), x1, h);
+    store4x2(ya + W::at4(u), yb + W::at4(u), x0);
+    store4x2(ya + W::at4(u + 4), yb + W::at4(u + 4), x1);
+  }
+  pair_states(h, h_io);
+}
+
+// Backward (walk_backward's recurrence): needs t0 >= 1 (c_{u-1}) and t1 < L (y_{u+1}).
+template <int S, typename T>
+LINREC_AVX2 void walk_backward_pair(WalkIn<S, T> ca, WalkIn<S, T> dya, WalkIn<S, T> ya, T* dxa, T* dca,
+                                    WalkIn<S, T> cb, WalkIn<S, T> dyb, WalkIn<S, T> yb, T* dxb, T* dcb, int64_t t0,
+                                    int64_t t1, float* h_io) {
+  using W = Walk<S>;
+  __m256 h = pair_broadcast(h_io);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    for (int64_t u = t0; u < t1; u += 16) {
+      __m256 ca0, cb0, ga0, gb0, ca1, cb1, ga1, gb1, y0, y1;
+      ca.pair8(cb, u - 1, ca0, cb0);
+      dya.pair8(dyb, u, ga0, gb0);
+      ca.pair8(cb, u + 7, ca1, cb1);
+      dya.pair8(dyb, u + 8, ga1, gb1);
+      W::pair_step16(ca0, ga0, cb0, gb0, ca1, ga1, cb1, gb1, h);
+      store8x2(dxa + W::at(u), dxb + W::at(u), ga0, gb0);
+      store8x2(dxa + W::at(u + 8), dxb + W::at(u + 8), ga1, gb1);
+      ya.pair8(yb, u + 1, y0, y1);
+      store8x2(dca + W::at(u), dcb + W::at(u), _mm256_mul_ps(ga0, y0), _mm256_mul_ps(gb0, y1));
+      ya.pair8(yb, u + 9, y0, y1);
+      store8x2(dca + W::at(u + 8), dcb + W::at(u + 8), _mm256_mul_ps(ga1, y0), _mm256_mul_ps(gb1, y1));
+    }
+    return pair_states(h, h_io);
+  }
+  for (int64_t u = t0; u < t1; u += 8) {
+    __m256 g0 = dya.pair4(dyb, u), g1 = dya.pair4(dyb, u + 4);
+    W::pair_step(ca.pair4(cb, u - 1), g0, ca.pair4(cb, u + 3), g1, h);
+    store4x2(dxa + W::at4(u), dxb + W::at4(u), g0);
+    store4x2(dxa + W::at4(u + 4), dxb + W::at4(u + 4), g1);
+    store4x2(dca + W::at4(u), dcb + W::at4(u), _mm256_mul_ps(g0, ya.pair4(yb, u + 1)));
+    store4x2(dca + W::at4(u + 4), dcb + W::at4(u + 4), _mm256_mul_ps(g1, ya.pair4(yb, u + 5)));
+  }
+  pair_states(h, h_io);
 }
 
 // ---------------------------------------------------------------------------------------------

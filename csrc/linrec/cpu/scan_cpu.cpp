@@ -2,9 +2,10 @@
 //
 // Three paths, chosen per call from the layout:
 // - walk (scan_avx2.h): every operand contiguous along L (the (N, L) layout, either direction):
-//   one sequence at a time, 8 steps per vector with an in-register scan. Each sequence streams its
-//   own contiguous runs, so no set of rows competes for the same cache sets at power-of-two
-//   lengths, and one sequence runs as fast as many.
+//   sequences two at a time, one per half vector, 4 steps per half with an in-register scan (the
+//   pair walk; a lone sequence or a chunk of a split one: 8 steps per vector). Each sequence
+//   streams its own contiguous runs, so no set of rows competes for the same cache sets at
+//   power-of-two lengths.
 // - rows (scan_avx2.h): channels contiguous (the (B, L, D) layout): blocks of channels walk L, each
 //   step one contiguous run per operand.
 // - strided: any other layout, float64, or a CPU without AVX2: groups of 16 neighbouring sequences
@@ -43,12 +44,16 @@ constexpr int64_t kGrainElems = 1 << 15; // fewest elements per parallel_for tas
 //   run(item, t0, t1, h, prod) advances the item's states h over steps [t0, t1) (with prod: only
 //   summarises, see above); init(item, h) sets its initial states; end(item, h) gets the final
 //   states of the item's last chunk.
+// Chunks per item of the split (1: none).
+int64_t split_chunks(int64_t items, int64_t width, int64_t L) {
+  const int64_t threads = at::get_num_threads();
+  if (items >= threads || threads == 1) return 1;
+  return std::max<int64_t>(1, std::min((threads + items - 1) / items + 1, L * width / kMinChunk));
+}
+
 template <typename Run, typename Init, typename End>
 void chained(int64_t items, int64_t width, int64_t L, const Run& run, const Init& init, const End& end) {
-  const int64_t threads = at::get_num_threads();
-  const int64_t chunks = items >= threads || threads == 1
-                             ? 1
-                             : std::max<int64_t>(1, std::min((threads + items - 1) / items + 1, L * width / kMinChunk));
+  const int64_t chunks = split_chunks(items, width, L);
   if (chunks == 1) {
     const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, L * width));
     at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end_) {
@@ -164,6 +169,55 @@ bool uses_slot(const ScanParams& p, int slot) {
 #ifdef LINREC_HAVE_AVX2
 // ---------------------------------------------------------------------------------------------
 // Walk path: every used slot has step stride S (+1 or -1), or 0 for an input constant along L.
+
+// Whether the walk takes its sequences two at a time (avx2::Walk::pair_step): when none is split
+// along L and there are two.
+bool pair_walk(const ScanParams& p) {
+  return p.num_seq >= 2 && split_chunks(p.num_seq, 1, p.len) == 1;
+}
+
+// The walk over pairs of sequences (the last alone where their number is odd): each pair's middle
+// steps by the pair kernels, its first and last steps (partial vectors) one sequence at a time.
+// at(slot, i), in(slot, i), init_value(i): as in scan_walk.
+template <typename T, int S, typename At, typename In, typename InitValue>
+void scan_walk_pairs(const ScanParams& p, const At& at, const In& in, const InitValue& init_value) {
+  const int64_t L = p.len, n = p.num_seq, K = avx2::kPairSteps<T>;
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / (2 * L));
+  at::parallel_for(0, (n + 1) / 2, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t i = 2 * j, rows = std::min<int64_t>(2, n - i);
+      float h[2];
+      if (!p.backward) {
+        const int64_t body = rows == 2 ? L / K * K : 0;
+        for (int64_t k = 0; k < rows; ++k) h[k] = init_value(i + k);
+        if (body > 0)
+          avx2::walk_forward_pair(in(kCoeff, i), in(kIn, i), at(kOut, i), in(kCoeff, i + 1), in(kIn, i + 1),
+                                  at(kOut, i + 1), 0, body, h);
+        for (int64_t k = 0; k < rows; ++k)
+          avx2::walk_forward<S, false>(in(kCoeff, i + k), in(kIn, i + k), at(kOut, i + k), body, L, &h[k], nullptr);
+        continue;
+      }
+      // The first 8 steps (c_{-1} = 0) and the last ones (past the last full iteration whose y_{u+1}
+      // reads stay before step L) alone, the rest paired.
+      const int64_t head = std::min<int64_t>(L, 8);
+      const int64_t body_end = rows == 2 && L - 1 > head ? head + (L - 1 - head) / K * K : head;
+      auto alone = [&](int64_t k, int64_t t0, int64_t t1) {
+        avx2::walk_backward<S, false>(in(kCoeff, i + k), in(kIn, i + k), in(kOut, i + k), at(kGradIn, i + k),
+                                      at(kGradCoeff, i + k), init_value(i + k), L, t0, t1, &h[k], nullptr);
+      };
+      for (int64_t k = 0; k < rows; ++k) h[k] = 0.f, alone(k, 0, head);
+      if (body_end > head)
+        avx2::walk_backward_pair(in(kCoeff, i), in(kIn, i), in(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
+                                 in(kCoeff, i + 1), in(kIn, i + 1), in(kOut, i + 1), at(kGradIn, i + 1),
+                                 at(kGradCoeff, i + 1), head, body_end, h);
+      for (int64_t k = 0; k < rows; ++k) {
+        alone(k, body_end, L);
+        *at(kGradInit, i + k) = static_cast<T>(in(kCoeff, i + k).value(L - 1) * h[k]);  // c_{L-1} g_{L-1}
+      }
+    }
+  });
+}
+
 template <typename T, int S>
 void scan_walk(const ScanParams& p) {
   const int64_t L = p.len;
@@ -174,6 +228,7 @@ void scan_walk(const ScanParams& p) {
   };
   auto in = [&](int slot, int64_t i) { return avx2::WalkIn<S, T>{at(slot, i), p.lstride[slot] == 0}; };
   auto init_value = [&](int64_t i) { return p.ptr[kInit] ? static_cast<float>(*at(kInit, i)) : 0.f; };
+  if (pair_walk(p)) return scan_walk_pairs<T, S>(p, at, in, init_value);
   if (!p.backward) {
     chained(
         p.num_seq, 1, L,
