@@ -311,3 +311,21 @@ def test_forward_ad_outside_functorch_raises():
     x, c = _x((2, 5), _gen("f"), rg=False), _c((2, 5), _gen("g"), rg=False)
     with fwAD.dual_level(), pytest.raises(RuntimeError):
         torch.ops.linrec.scan(fwAD.make_dual(x, torch.ones_like(x)), c)
+
+
+def test_no_grad_forward_has_no_graph():
+    """Inputs that want no gradient (or torch.no_grad) take the op straight to its kernel: no grad_fn,
+    the same values as with a graph; a tangent on coeffs or initial still raises."""
+    import torch.autograd.forward_ad as fwAD
+    x, c = _x((2, 5), _gen("f"), rg=False), _c((2, 5), _gen("g"), rg=False)
+    h0 = torch.randn(2, dtype=x.dtype)
+    y = torch.ops.linrec.scan(x, c, h0)
+    assert y.grad_fn is None and not y.requires_grad
+    y_graph = torch.ops.linrec.scan(x.detach().requires_grad_(), c, h0)
+    assert y_graph.grad_fn is not None and torch.equal(y, y_graph.detach())
+    with torch.no_grad():
+        assert torch.ops.linrec.scan(x.detach().requires_grad_(), c, h0).grad_fn is None
+    with fwAD.dual_level(), pytest.raises(RuntimeError):
+        torch.ops.linrec.scan(x, fwAD.make_dual(c, torch.ones_like(c)), h0)
+    with fwAD.dual_level(), pytest.raises(RuntimeError):
+        torch.ops.linrec.scan(x, c, fwAD.make_dual(h0, torch.ones_like(h0)))

@@ -576,3 +576,29 @@ def test_deterministic_algorithms(device):
             assert all(torch.equal(a, b) for a, b in zip(first, second))
     finally:
         torch.use_deterministic_algorithms(was, warn_only=was_warn)
+
+
+@pytest.mark.parametrize("op", ["selective_scan", "_selective_scan_train"])
+def test_forward_ad_raises(op):
+    """torch.autograd.forward_ad on the plain op: no forward rule; a tangent on any input raises
+    (the forward without a graph must not drop it silently)."""
+    import torch.autograd.forward_ad as fwAD
+    args = list(make("var-all", dtype=torch.float32))
+    for i in (0, 3, 9):  # u, B, initial_state
+        dual = list(args)
+        with fwAD.dual_level():
+            dual[i] = fwAD.make_dual(args[i], torch.ones_like(args[i]))
+            with pytest.raises(RuntimeError):
+                getattr(torch.ops.linrec, op)(*dual)
+
+
+def test_no_grad_forward_matches_graph_forward():
+    """Without a gradient wanted the op skips its autograd node: same outputs, no grad_fn."""
+    args = make("var-all", dtype=torch.float32)
+    with torch.no_grad():
+        out, last = torch.ops.linrec.selective_scan(*args)
+    assert out.grad_fn is None and last.grad_fn is None
+    u = args[0].detach().requires_grad_()
+    out_g, last_g = torch.ops.linrec.selective_scan(u, *args[1:])
+    assert out_g.grad_fn is not None
+    assert torch.equal(out, out_g.detach()) and torch.equal(last, last_g.detach())

@@ -83,6 +83,14 @@ bool needs_graph(std::initializer_list<const Tensor*> ts) {
   return false;
 }
 
+// Whether an input carries a forward-mode tangent (torch.autograd.forward_ad): the op has no
+// forward rule outside functorch, and ScanFunction::apply raises for it.
+bool has_tangent(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && t->_fw_grad(/*level=*/0).defined()) return true;
+  return false;
+}
+
 struct ScanFunction : public torch::autograd::Function<ScanFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& coeffs,
                         const std::optional<Tensor>& initial, int64_t dim, bool reverse, Config config,
@@ -135,6 +143,15 @@ struct ScanFunction : public torch::autograd::Function<ScanFunction> {
 
 Tensor scan_autograd(const Tensor& x, const Tensor& coeffs, const std::optional<Tensor>& initial, int64_t dim,
                      bool reverse, Config config, Config backward_config) {
+  const Tensor none_t;
+  const auto inputs = {&x, &coeffs, initial ? &*initial : &none_t};
+  if (!needs_graph(inputs) && !has_tangent(inputs)) {
+    // No gradient wanted (inference, torch.no_grad, or no input requiring one): straight to the
+    // kernel, without the node and context ScanFunction::apply builds even then (6-7 us of host time
+    // per call, more than a small call's kernel).
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return scan_op().call(x, coeffs, initial, dim, reverse, config, backward_config);
+  }
   return ScanFunction::apply(x, coeffs, initial, dim, reverse, config, backward_config);
 }
 

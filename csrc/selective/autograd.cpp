@@ -106,10 +106,34 @@ struct SelectiveScanFunction : public torch::autograd::Function<SelectiveScanFun
   }
 };
 
+bool needs_graph(std::initializer_list<const OptTensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const OptTensor* t : ts)
+    if (t->has_value() && (*t)->defined() && (*t)->requires_grad()) return true;
+  return false;
+}
+
+// Whether any differentiable input of selective_scan wants a gradient or carries a forward-mode
+// tangent (else the ops below skip the node and context that Function::apply builds even then).
+bool forward_needs_graph(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
+                         const OptTensor& D, const OptTensor& z, const OptTensor& delta_bias,
+                         const OptTensor& initial_state) {
+  const OptTensor uu{u}, dl{delta}, a{A}, b{B}, c{C};
+  const auto inputs = {&uu, &dl, &a, &b, &c, &D, &z, &delta_bias, &initial_state};
+  if (needs_graph(inputs)) return true;
+  for (const OptTensor* t : inputs)  // a forward-mode tangent: Function::apply raises for it
+    if (t->has_value() && (*t)->defined() && (*t)->_fw_grad(/*level=*/0).defined()) return true;
+  return false;
+}
+
 std::tuple<Tensor, Tensor> selective_scan_autograd(const Tensor& u, const Tensor& delta, const Tensor& A,
                                                    const Tensor& B, const Tensor& C, const OptTensor& D,
                                                    const OptTensor& z, const OptTensor& delta_bias,
                                                    bool delta_softplus, const OptTensor& initial_state) {
+  if (!forward_needs_graph(u, delta, A, B, C, D, z, delta_bias, initial_state)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op().call(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state);
+  }
   auto r = SelectiveScanFunction<false>::apply(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state);
   return {r[0], r[1]};
 }
@@ -119,6 +143,10 @@ std::tuple<Tensor, Tensor, Tensor> selective_scan_train_autograd(const Tensor& u
                                                                  const OptTensor& D, const OptTensor& z,
                                                                  const OptTensor& delta_bias, bool delta_softplus,
                                                                  const OptTensor& initial_state) {
+  if (!forward_needs_graph(u, delta, A, B, C, D, z, delta_bias, initial_state)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return train_op().call(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state);
+  }
   auto r = SelectiveScanFunction<true>::apply(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state);
   return {r[0], r[1], r[2]};
 }
@@ -143,13 +171,6 @@ struct SelectiveBackwardFunction : public torch::autograd::Function<SelectiveBac
                 "the backward is a fused kernel without a derivative");
   }
 };
-
-bool needs_graph(std::initializer_list<const OptTensor*> ts) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const OptTensor* t : ts)
-    if (t->has_value() && (*t)->defined() && (*t)->requires_grad()) return true;
-  return false;
-}
 
 Grads selective_scan_backward_autograd(const Tensor& grad_out, const OptTensor& grad_last_state, const Tensor& u,
                                        const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
