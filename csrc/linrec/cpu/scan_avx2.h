@@ -29,6 +29,9 @@
 #include <type_traits>
 
 #define LINREC_AVX2 __attribute__((target("avx2,fma,f16c")))
+// The walk's per-vector steps: always inlined into their loops (GCC left pair_step out of line in
+// one instance of a loop, with its state on the stack: 2x slower).
+#define LINREC_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline))
 
 namespace linrec {
 namespace avx2 {
@@ -164,7 +167,7 @@ struct Walk {
   // idle, the shuffle pipes are the walk's bottleneck (3 cross-half shuffles per carry before).
   // tc, tx: the first run's totals (c, x) in the second half's lanes, (1, 0) in the first's;
   // lc, lx: the totals of all 8 steps in every lane.
-  LINREC_AVX2 static void carry_halves(__m256 c, __m256 x, __m256& tc, __m256& tx, __m256& lc, __m256& lx) {
+  LINREC_AVX2_INLINE static void carry_halves(__m256 c, __m256 x, __m256& tc, __m256& tx, __m256& lc, __m256& lx) {
     alignas(32) float cb[8], xb[8];
     _mm256_store_ps(cb, c);
     _mm256_store_ps(xb, x);
@@ -180,7 +183,7 @@ struct Walk {
   // One vector: h (broadcast) -> each step's state; h and prod advance past its 8 steps. The
   // in-register scan: two levels inside each half, then the first half's total carried into the
   // second.
-  LINREC_AVX2 static __m256 step(__m256 c, __m256 x, __m256& h, __m256* prod) {
+  LINREC_AVX2_INLINE static __m256 step(__m256 c, __m256 x, __m256& h, __m256* prod) {
     __m256 tc, tx, lc, lx;
     x_scan4(c, x);
     carry_halves(c, x, tc, tx, lc, lx);
@@ -197,7 +200,7 @@ struct Walk {
   // Each pair is combined into its second step, the 8 pair totals are scanned as in step(), and
   // each pair's first step takes the state before the pair. a and b become each step's state; h
   // and prod advance past all 16.
-  LINREC_AVX2 static void step16(__m256 ca, __m256& xa, __m256 cb, __m256& xb, __m256& h, __m256* prod) {
+  LINREC_AVX2_INLINE static void step16(__m256 ca, __m256& xa, __m256 cb, __m256& xb, __m256& h, __m256* prod) {
     __m256& c1 = S > 0 ? ca : cb;  // the first step of each pair
     __m256& x1 = S > 0 ? xa : xb;
     __m256& c2 = S > 0 ? cb : ca;
@@ -218,7 +221,7 @@ struct Walk {
   }
 
   // The two in-half levels of the in-register scan: a local scan of each 4 steps.
-  LINREC_AVX2 static void x_scan4(__m256& c, __m256& x) {
+  LINREC_AVX2_INLINE static void x_scan4(__m256& c, __m256& x) {
     const __m256 one = _mm256_set1_ps(1.f);
     x = _mm256_fmadd_ps(c, shift_in_half<1>(x), x);
     c = _mm256_mul_ps(c, shift_in_half<1>(c, one));
@@ -234,14 +237,14 @@ struct Walk {
   static int64_t at4(int64_t u) { return S > 0 ? u : -u - 3; }
 
   // The last walk step of each half, in all of that half's lanes.
-  LINREC_AVX2 static __m256 last_in_half(__m256 v) { return _mm256_permute_ps(v, S > 0 ? 0xff : 0x00); }
+  LINREC_AVX2_INLINE static __m256 last_in_half(__m256 v) { return _mm256_permute_ps(v, S > 0 ? 0xff : 0x00); }
 
   // 8 steps of each of the pair: (c0, x0) the first 4, (c1, x1) the next 4; x0, x1 become each
   // step's state, h (each half's state, in all its lanes) advances past them. The operations of
   // step() on the same 8 steps, in the same order, so a sequence gets the same bits in a pair as
   // alone; but the carried state's dependency is one FMA and one in-half shuffle per 8 steps of
   // two sequences, with no cross-half shuffle or trip through memory.
-  LINREC_AVX2 static void pair_step(__m256 c0, __m256& x0, __m256 c1, __m256& x1, __m256& h) {
+  LINREC_AVX2_INLINE static void pair_step(__m256 c0, __m256& x0, __m256 c1, __m256& x1, __m256& h) {
     x_scan4(c0, x0);
     x_scan4(c1, x1);
     x1 = _mm256_fmadd_ps(c1, last_in_half(x0), x1);
@@ -254,7 +257,7 @@ struct Walk {
   // 16 steps of each of the pair in load8x2's order, as step16 takes them: (ca0, xa0, cb0, xb0) the
   // first 8 steps of each (4 pairs of steps per half), (ca1, ..) the next 8. step16's operations in
   // its order, as pair_step is step()'s. The x become each step's state.
-  LINREC_AVX2 static void pair_step16(__m256 ca0, __m256& xa0, __m256 cb0, __m256& xb0, __m256 ca1, __m256& xa1,
+  LINREC_AVX2_INLINE static void pair_step16(__m256 ca0, __m256& xa0, __m256 cb0, __m256& xb0, __m256 ca1, __m256& xa1,
                                       __m256 cb1, __m256& xb1, __m256& h) {
     __m256& c1_0 = S > 0 ? ca0 : cb0;  // the first step of each pair
     __m256& x1_0 = S > 0 ? xa0 : xb0;
@@ -290,15 +293,18 @@ struct WalkIn {
   LINREC_AVX2 __m256 vec8(int64_t u) const {
     return constant ? _mm256_set1_ps(static_cast<float>(*p)) : load8(p + Walk<S>::at(u));
   }
-  // Steps u .. u+3 of this sequence (low half) and of b (high half).
+  // Steps u .. u+3 of this sequence (low half) and of b (high half). kMaybeConst = false: the caller
+  // has checked that the input is not constant (a loop without the test).
+  template <bool kMaybeConst>
   LINREC_AVX2 __m256 pair4(const WalkIn& b, int64_t u) const {
-    if (constant)
+    if (kMaybeConst && constant)
       return _mm256_insertf128_ps(_mm256_set1_ps(static_cast<float>(*p)), _mm_set1_ps(static_cast<float>(*b.p)), 1);
     return load4x2(p + Walk<S>::at4(u), b.p + Walk<S>::at4(u));
   }
   // Steps u .. u+7 of this sequence (low half) and of b (high half), bfloat16 split by parity.
+  template <bool kMaybeConst>
   LINREC_AVX2 void pair8(const WalkIn& b, int64_t u, __m256& even, __m256& odd) const {
-    if (constant)
+    if (kMaybeConst && constant)
       even = odd = _mm256_insertf128_ps(_mm256_set1_ps(static_cast<float>(*p)), _mm_set1_ps(static_cast<float>(*b.p)), 1);
     else
       load8x2(p + Walk<S>::at(u), b.p + Walk<S>::at(u), even, odd);
@@ -436,18 +442,20 @@ LINREC_AVX2 inline __m256 pair_broadcast(const float* h) {
 template <typename T>
 constexpr int64_t kPairSteps = std::is_same_v<T, c10::BFloat16> ? 16 : 8;
 
-template <int S, typename T>
-LINREC_AVX2 void walk_forward_pair(WalkIn<S, T> ca, WalkIn<S, T> xa, T* ya, WalkIn<S, T> cb, WalkIn<S, T> xb, T* yb,
-                                   int64_t t0, int64_t t1, float* h_io) {
+// kC: a read input may be constant along L (tested per load; the loops without any are separate
+// instances, so that theirs test nothing).
+template <int S, typename T, bool kC>
+LINREC_AVX2 void walk_forward_pair_loop(WalkIn<S, T> ca, WalkIn<S, T> xa, T* ya, WalkIn<S, T> cb, WalkIn<S, T> xb,
+                                        T* yb, int64_t t0, int64_t t1, float* h_io) {
   using W = Walk<S>;
   __m256 h = pair_broadcast(h_io);
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     for (int64_t u = t0; u < t1; u += 16) {
       __m256 ca0, cb0, xa0, xb0, ca1, cb1, xa1, xb1;
-      ca.pair8(cb, u, ca0, cb0);
-      xa.pair8(xb, u, xa0, xb0);
-      ca.pair8(cb, u + 8, ca1, cb1);
-      xa.pair8(xb, u + 8, xa1, xb1);
+      ca.template pair8<kC>(cb, u, ca0, cb0);
+      xa.template pair8<kC>(xb, u, xa0, xb0);
+      ca.template pair8<kC>(cb, u + 8, ca1, cb1);
+      xa.template pair8<kC>(xb, u + 8, xa1, xb1);
       W::pair_step16(ca0, xa0, cb0, xb0, ca1, xa1, cb1, xb1, h);
       store8x2(ya + W::at(u), yb + W::at(u), xa0, xb0);
       store8x2(ya + W::at(u + 8), yb + W::at(u + 8), xa1, xb1);
@@ -455,47 +463,66 @@ LINREC_AVX2 void walk_forward_pair(WalkIn<S, T> ca, WalkIn<S, T> xa, T* ya, Walk
     return pair_states(h, h_io);
   }
   for (int64_t u = t0; u < t1; u += 8) {
-    __m256 x0 = xa.pair4(xb, u), x1 = xa.pair4(xb, u + 4);
-    W::pair_step(ca.pair4(cb, u), x0, ca.pair4(cb, u + 4), x1, h);
+    __m256 x0 = xa.template pair4<kC>(xb, u), x1 = xa.template pair4<kC>(xb, u + 4);
+    W::pair_step(ca.template pair4<kC>(cb, u), x0, ca.template pair4<kC>(cb, u + 4), x1, h);
     store4x2(ya + W::at4(u), yb + W::at4(u), x0);
     store4x2(ya + W::at4(u + 4), yb + W::at4(u + 4), x1);
   }
   pair_states(h, h_io);
 }
 
-// Backward (walk_backward's recurrence): needs t0 >= 1 (c_{u-1}) and t1 < L (y_{u+1}).
 template <int S, typename T>
-LINREC_AVX2 void walk_backward_pair(WalkIn<S, T> ca, WalkIn<S, T> dya, WalkIn<S, T> ya, T* dxa, T* dca,
-                                    WalkIn<S, T> cb, WalkIn<S, T> dyb, WalkIn<S, T> yb, T* dxb, T* dcb, int64_t t0,
-                                    int64_t t1, float* h_io) {
+LINREC_AVX2 void walk_forward_pair(WalkIn<S, T> ca, WalkIn<S, T> xa, T* ya, WalkIn<S, T> cb, WalkIn<S, T> xb, T* yb,
+                                   int64_t t0, int64_t t1, float* h_io) {
+  if (ca.constant || xa.constant)
+    walk_forward_pair_loop<S, T, true>(ca, xa, ya, cb, xb, yb, t0, t1, h_io);
+  else
+    walk_forward_pair_loop<S, T, false>(ca, xa, ya, cb, xb, yb, t0, t1, h_io);
+}
+
+// Backward (walk_backward's recurrence): needs t0 >= 1 (c_{u-1}) and t1 < L (y_{u+1}).
+template <int S, typename T, bool kC>
+LINREC_AVX2 void walk_backward_pair_loop(WalkIn<S, T> ca, WalkIn<S, T> dya, WalkIn<S, T> ya, T* dxa, T* dca,
+                                         WalkIn<S, T> cb, WalkIn<S, T> dyb, WalkIn<S, T> yb, T* dxb, T* dcb,
+                                         int64_t t0, int64_t t1, float* h_io) {
   using W = Walk<S>;
   __m256 h = pair_broadcast(h_io);
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     for (int64_t u = t0; u < t1; u += 16) {
       __m256 ca0, cb0, ga0, gb0, ca1, cb1, ga1, gb1, y0, y1;
-      ca.pair8(cb, u - 1, ca0, cb0);
-      dya.pair8(dyb, u, ga0, gb0);
-      ca.pair8(cb, u + 7, ca1, cb1);
-      dya.pair8(dyb, u + 8, ga1, gb1);
+      ca.template pair8<kC>(cb, u - 1, ca0, cb0);
+      dya.template pair8<kC>(dyb, u, ga0, gb0);
+      ca.template pair8<kC>(cb, u + 7, ca1, cb1);
+      dya.template pair8<kC>(dyb, u + 8, ga1, gb1);
       W::pair_step16(ca0, ga0, cb0, gb0, ca1, ga1, cb1, gb1, h);
       store8x2(dxa + W::at(u), dxb + W::at(u), ga0, gb0);
       store8x2(dxa + W::at(u + 8), dxb + W::at(u + 8), ga1, gb1);
-      ya.pair8(yb, u + 1, y0, y1);
+      ya.template pair8<kC>(yb, u + 1, y0, y1);
       store8x2(dca + W::at(u), dcb + W::at(u), _mm256_mul_ps(ga0, y0), _mm256_mul_ps(gb0, y1));
-      ya.pair8(yb, u + 9, y0, y1);
+      ya.template pair8<kC>(yb, u + 9, y0, y1);
       store8x2(dca + W::at(u + 8), dcb + W::at(u + 8), _mm256_mul_ps(ga1, y0), _mm256_mul_ps(gb1, y1));
     }
     return pair_states(h, h_io);
   }
   for (int64_t u = t0; u < t1; u += 8) {
-    __m256 g0 = dya.pair4(dyb, u), g1 = dya.pair4(dyb, u + 4);
-    W::pair_step(ca.pair4(cb, u - 1), g0, ca.pair4(cb, u + 3), g1, h);
+    __m256 g0 = dya.template pair4<kC>(dyb, u), g1 = dya.template pair4<kC>(dyb, u + 4);
+    W::pair_step(ca.template pair4<kC>(cb, u - 1), g0, ca.template pair4<kC>(cb, u + 3), g1, h);
     store4x2(dxa + W::at4(u), dxb + W::at4(u), g0);
     store4x2(dxa + W::at4(u + 4), dxb + W::at4(u + 4), g1);
-    store4x2(dca + W::at4(u), dcb + W::at4(u), _mm256_mul_ps(g0, ya.pair4(yb, u + 1)));
-    store4x2(dca + W::at4(u + 4), dcb + W::at4(u + 4), _mm256_mul_ps(g1, ya.pair4(yb, u + 5)));
+    store4x2(dca + W::at4(u), dcb + W::at4(u), _mm256_mul_ps(g0, ya.template pair4<kC>(yb, u + 1)));
+    store4x2(dca + W::at4(u + 4), dcb + W::at4(u + 4), _mm256_mul_ps(g1, ya.template pair4<kC>(yb, u + 5)));
   }
   pair_states(h, h_io);
+}
+
+template <int S, typename T>
+LINREC_AVX2 void walk_backward_pair(WalkIn<S, T> ca, WalkIn<S, T> dya, WalkIn<S, T> ya, T* dxa, T* dca,
+                                    WalkIn<S, T> cb, WalkIn<S, T> dyb, WalkIn<S, T> yb, T* dxb, T* dcb, int64_t t0,
+                                    int64_t t1, float* h_io) {
+  if (ca.constant || dya.constant || ya.constant)
+    walk_backward_pair_loop<S, T, true>(ca, dya, ya, dxa, dca, cb, dyb, yb, dxb, dcb, t0, t1, h_io);
+  else
+    walk_backward_pair_loop<S, T, false>(ca, dya, ya, dxa, dca, cb, dyb, yb, dxb, dcb, t0, t1, h_io);
 }
 
 // ---------------------------------------------------------------------------------------------
