@@ -39,18 +39,19 @@ constexpr int64_t kGroup = 16;           // sequences per group of the strided p
 constexpr int64_t kMinChunk = 1 << 14;   // fewest elements (steps x state width) of one chunk of a split
 constexpr int64_t kGrainElems = 1 << 15; // fewest elements per parallel_for task
 
-// ---------------------------------------------------------------------------------------------
-// The chained split, over `items` independent work items of `width` states each:
-//   run(item, t0, t1, h, prod) advances the item's states h over steps [t0, t1) (with prod: only
-//   summarises, see above); init(item, h) sets its initial states; end(item, h) gets the final
-//   states of the item's last chunk.
-// Chunks per item of the split (1: none).
+// Chunks per item of the chained split below (1: none): one more than the threads an item gets,
+// where there are fewer items than threads and each has at least kMinChunk elements per chunk.
 int64_t split_chunks(int64_t items, int64_t width, int64_t L) {
   const int64_t threads = at::get_num_threads();
   if (items >= threads || threads == 1) return 1;
   return std::max<int64_t>(1, std::min((threads + items - 1) / items + 1, L * width / kMinChunk));
 }
 
+// ---------------------------------------------------------------------------------------------
+// The chained split, over `items` independent work items of `width` states each:
+//   run(item, t0, t1, h, prod) advances the item's states h over steps [t0, t1) (with prod: only
+//   summarises, see above); init(item, h) sets its initial states; end(item, h) gets the final
+//   states of the item's last chunk.
 template <typename Run, typename Init, typename End>
 void chained(int64_t items, int64_t width, int64_t L, const Run& run, const Init& init, const End& end) {
   const int64_t chunks = split_chunks(items, width, L);
@@ -193,7 +194,7 @@ void scan_walk_pairs(const ScanParams& p, const At& at, const In& in, const Init
         if (body > 0)
           avx2::walk_forward_pair(in(kCoeff, i), in(kIn, i), at(kOut, i), in(kCoeff, i + 1), in(kIn, i + 1),
                                   at(kOut, i + 1), 0, body, h);
-        for (int64_t k = 0; k < rows; ++k)
+        for (int64_t k = 0; k < rows && body < L; ++k)
           avx2::walk_forward<S, false>(in(kCoeff, i + k), in(kIn, i + k), at(kOut, i + k), body, L, &h[k], nullptr);
         continue;
       }
