@@ -394,25 +394,34 @@ LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, 
     walk_backward_partial<S>(c, dy, y, dx, dc, init, L, u, m, h, pp);
     u += m;
   }
+  // Every load of an iteration comes before its stores, and the next iteration's c_{u-1} is loaded
+  // before them too: c_{u-1}, y_{u+1} overlap the elements just stored to dx, dc by one step, and
+  // where the tensors' addresses agree modulo 4 KiB (large allocations are page-aligned) the CPU
+  // takes a later load for one that depends on the stores and waits for them (4K aliasing): 3x
+  // slower with the stores first (bench/NOTES.md item 61).
   const int64_t body_end = t1 < L - 1 ? t1 : L - 1;  // full vectors read y up to step u + 8 < L
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    __m256 ca, cb;
+    if (u + 16 <= body_end) c.vec16(u - 1, ca, cb);
     for (; u + 16 <= body_end; u += 16) {
-      __m256 ca, cb, ga, gb;
-      c.vec16(u - 1, ca, cb);
+      __m256 ga, gb, ya, yb, ca_u = ca, cb_u = cb;
       dy.vec16(u, ga, gb);
-      W::step16(ca, ga, cb, gb, h, pp);
+      if (!kProd) y.vec16(u + 1, ya, yb);
+      if (u + 32 <= body_end) c.vec16(u + 15, ca, cb);
+      W::step16(ca_u, ga, cb_u, gb, h, pp);
       if (kProd) continue;
       store16(dx + W::at16(u), ga, gb);
-      __m256 ya, yb;
-      y.vec16(u + 1, ya, yb);
       store16(dc + W::at16(u), _mm256_mul_ps(ga, ya), _mm256_mul_ps(gb, yb));
     }
   }
+  __m256 cv = u + 8 <= body_end ? c.vec8(u - 1) : _mm256_setzero_ps();
   for (; u + 8 <= body_end; u += 8) {
-    const __m256 g = W::step(c.vec8(u - 1), dy.vec8(u), h, pp);
+    const __m256 cu = cv, gv = dy.vec8(u), yv = kProd ? _mm256_setzero_ps() : y.vec8(u + 1);
+    if (u + 16 <= body_end) cv = c.vec8(u + 7);
+    const __m256 g = W::step(cu, gv, h, pp);
     if (kProd) continue;
     store8(dx + W::at(u), g);
-    store8(dc + W::at(u), _mm256_mul_ps(g, y.vec8(u + 1)));
+    store8(dc + W::at(u), _mm256_mul_ps(g, yv));
   }
   while (u < t1) {
     const int m = static_cast<int>(t1 - u < 8 ? t1 - u : 8);
@@ -487,30 +496,43 @@ LINREC_AVX2 void walk_backward_pair_loop(WalkIn<S, T> ca, WalkIn<S, T> dya, Walk
                                          int64_t t0, int64_t t1, float* h_io) {
   using W = Walk<S>;
   __m256 h = pair_broadcast(h_io);
+  // Loads before stores, the next iteration's c_{u-1} among them (walk_backward says why).
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    __m256 ca0, cb0, ca1, cb1;
+    if (t0 < t1) {
+      ca.template pair8<kC>(cb, t0 - 1, ca0, cb0);
+      ca.template pair8<kC>(cb, t0 + 7, ca1, cb1);
+    }
     for (int64_t u = t0; u < t1; u += 16) {
-      __m256 ca0, cb0, ga0, gb0, ca1, cb1, ga1, gb1, y0, y1;
-      ca.template pair8<kC>(cb, u - 1, ca0, cb0);
+      __m256 ga0, gb0, ga1, gb1, ya0, yb0, ya1, yb1, c_a0 = ca0, c_b0 = cb0, c_a1 = ca1, c_b1 = cb1;
       dya.template pair8<kC>(dyb, u, ga0, gb0);
-      ca.template pair8<kC>(cb, u + 7, ca1, cb1);
       dya.template pair8<kC>(dyb, u + 8, ga1, gb1);
-      W::pair_step16(ca0, ga0, cb0, gb0, ca1, ga1, cb1, gb1, h);
+      ya.template pair8<kC>(yb, u + 1, ya0, yb0);
+      ya.template pair8<kC>(yb, u + 9, ya1, yb1);
+      if (u + 16 < t1) {
+        ca.template pair8<kC>(cb, u + 15, ca0, cb0);
+        ca.template pair8<kC>(cb, u + 23, ca1, cb1);
+      }
+      W::pair_step16(c_a0, ga0, c_b0, gb0, c_a1, ga1, c_b1, gb1, h);
       store8x2(dxa + W::at(u), dxb + W::at(u), ga0, gb0);
       store8x2(dxa + W::at(u + 8), dxb + W::at(u + 8), ga1, gb1);
-      ya.template pair8<kC>(yb, u + 1, y0, y1);
-      store8x2(dca + W::at(u), dcb + W::at(u), _mm256_mul_ps(ga0, y0), _mm256_mul_ps(gb0, y1));
-      ya.template pair8<kC>(yb, u + 9, y0, y1);
-      store8x2(dca + W::at(u + 8), dcb + W::at(u + 8), _mm256_mul_ps(ga1, y0), _mm256_mul_ps(gb1, y1));
+      store8x2(dca + W::at(u), dcb + W::at(u), _mm256_mul_ps(ga0, ya0), _mm256_mul_ps(gb0, yb0));
+      store8x2(dca + W::at(u + 8), dcb + W::at(u + 8), _mm256_mul_ps(ga1, ya1), _mm256_mul_ps(gb1, yb1));
     }
     return pair_states(h, h_io);
   }
+  __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps();
+  if (t0 < t1) c0 = ca.template pair4<kC>(cb, t0 - 1), c1 = ca.template pair4<kC>(cb, t0 + 3);
   for (int64_t u = t0; u < t1; u += 8) {
+    const __m256 c0_u = c0, c1_u = c1;
     __m256 g0 = dya.template pair4<kC>(dyb, u), g1 = dya.template pair4<kC>(dyb, u + 4);
-    W::pair_step(ca.template pair4<kC>(cb, u - 1), g0, ca.template pair4<kC>(cb, u + 3), g1, h);
+    const __m256 y0 = ya.template pair4<kC>(yb, u + 1), y1 = ya.template pair4<kC>(yb, u + 5);
+    if (u + 8 < t1) c0 = ca.template pair4<kC>(cb, u + 7), c1 = ca.template pair4<kC>(cb, u + 11);
+    W::pair_step(c0_u, g0, c1_u, g1, h);
     store4x2(dxa + W::at4(u), dxb + W::at4(u), g0);
     store4x2(dxa + W::at4(u + 4), dxb + W::at4(u + 4), g1);
-    store4x2(dca + W::at4(u), dcb + W::at4(u), _mm256_mul_ps(g0, ya.template pair4<kC>(yb, u + 1)));
-    store4x2(dca + W::at4(u + 4), dcb + W::at4(u + 4), _mm256_mul_ps(g1, ya.template pair4<kC>(yb, u + 5)));
+    store4x2(dca + W::at4(u), dcb + W::at4(u), _mm256_mul_ps(g0, y0));
+    store4x2(dca + W::at4(u + 4), dcb + W::at4(u + 4), _mm256_mul_ps(g1, y1));
   }
   pair_states(h, h_io);
 }

@@ -3,7 +3,7 @@
 // Three paths, chosen per call from the layout:
 // - walk (scan_avx2.h): every operand contiguous along L (the (N, L) layout, either direction):
 //   sequences two at a time, one per half vector, 4 steps per half with an in-register scan (the
-//   pair walk; a lone sequence or a chunk of a split one: 8 steps per vector). Each sequence
+//   pair walk; a lone sequence, a chunk of a split one and float32's backward: 8 steps per vector). Each sequence
 //   streams its own contiguous runs, so no set of rows competes for the same cache sets at
 //   power-of-two lengths.
 // - rows (scan_avx2.h): channels contiguous (the (B, L, D) layout): blocks of channels walk L, each
@@ -172,8 +172,12 @@ bool uses_slot(const ScanParams& p, int slot) {
 // Walk path: every used slot has step stride S (+1 or -1), or 0 for an input constant along L.
 
 // Whether the walk takes its sequences two at a time (avx2::Walk::pair_step): when none is split
-// along L and there are two.
+// along L and there are two. float32's backward walks them one at a time: its pair kernel, 12
+// 16-byte loads per 8 steps against the lone walk's 3 of 32 bytes, measured 1.1-1.5x slower
+// (bench/NOTES.md item 61), where the 2-byte types' pair kernels are faster.
+template <typename T>
 bool pair_walk(const ScanParams& p) {
+  if (p.backward && std::is_same_v<T, float>) return false;
   return p.num_seq >= 2 && split_chunks(p.num_seq, 1, p.len) == 1;
 }
 
@@ -229,7 +233,7 @@ void scan_walk(const ScanParams& p) {
   };
   auto in = [&](int slot, int64_t i) { return avx2::WalkIn<S, T>{at(slot, i), p.lstride[slot] == 0}; };
   auto init_value = [&](int64_t i) { return p.ptr[kInit] ? static_cast<float>(*at(kInit, i)) : 0.f; };
-  if (pair_walk(p)) return scan_walk_pairs<T, S>(p, at, in, init_value);
+  if (pair_walk<T>(p)) return scan_walk_pairs<T, S>(p, at, in, init_value);
   if (!p.backward) {
     chained(
         p.num_seq, 1, L,
