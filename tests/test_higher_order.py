@@ -314,8 +314,9 @@ def test_forward_ad_outside_functorch_raises():
 
 
 def test_no_grad_forward_has_no_graph():
-    """Inputs that want no gradient (or torch.no_grad) take the op straight to its kernel: no grad_fn,
-    the same values as with a graph; a tangent on coeffs or initial still raises."""
+    """Inputs that want no gradient (or torch.no_grad) take the op straight to its kernel: no grad_fn
+    and the values of the graph-building call; a forward-mode tangent on coeffs or initial must still
+    raise (the kernel without the node would drop it silently)."""
     import torch.autograd.forward_ad as fwAD
     x, c = _x((2, 5), _gen("f"), rg=False), _c((2, 5), _gen("g"), rg=False)
     h0 = torch.randn(2, dtype=x.dtype)

@@ -3,9 +3,9 @@
 // Three paths, chosen per call from the layout:
 // - walk (scan_avx2.h): every operand contiguous along L (the (N, L) layout, either direction):
 //   sequences two at a time, one per half vector, 4 steps per half with an in-register scan (the
-//   pair walk; a lone sequence, a chunk of a split one and float32's backward: 8 steps per vector). Each sequence
-//   streams its own contiguous runs, so no set of rows competes for the same cache sets at
-//   power-of-two lengths.
+//   pair walk; a lone sequence, a chunk of a split one and float32's backward: 8 steps per vector).
+//   Each sequence streams its own contiguous runs (no group of 16 rows at a power-of-two stride
+//   competing for the same cache sets, as the strided path's do).
 // - rows (scan_avx2.h): channels contiguous (the (B, L, D) layout): blocks of channels walk L, each
 //   step one contiguous run per operand.
 // - strided: any other layout, float64, or a CPU without AVX2: groups of 16 neighbouring sequences
@@ -172,13 +172,16 @@ bool uses_slot(const ScanParams& p, int slot) {
 // Walk path: every used slot has step stride S (+1 or -1), or 0 for an input constant along L.
 
 // Whether the walk takes its sequences two at a time (avx2::Walk::pair_step): when none is split
-// along L and there are two. float32's backward walks them one at a time: its pair kernel, 12
+// along L and the pairs still give every thread one (else a thread would idle for a 1.4x faster
+// kernel; the bits are the same either way). float32's backward walks them one at a time: its pair kernel, 12
 // 16-byte loads per 8 steps against the lone walk's 3 of 32 bytes, measured 1.1-1.5x slower
 // (bench/NOTES.md item 61), where the 2-byte types' pair kernels are faster.
 template <typename T>
 bool pair_walk(const ScanParams& p) {
   if (p.backward && std::is_same_v<T, float>) return false;
-  return p.num_seq >= 2 && split_chunks(p.num_seq, 1, p.len) == 1;
+  const int64_t threads = at::get_num_threads();
+  return p.num_seq >= 2 && (threads == 1 || (p.num_seq + 1) / 2 >= threads) &&
+         split_chunks(p.num_seq, 1, p.len) == 1;
 }
 
 // The walk over pairs of sequences (the last alone where their number is odd): each pair's middle
