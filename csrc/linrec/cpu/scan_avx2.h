@@ -10,9 +10,9 @@
 //   is the only serial dependency: one FMA per vector. The pair walk runs the same operations on
 //   two sequences at once, one per 128-bit half, so the carry between a vector's halves becomes a
 //   carry between two vectors (in-half shuffles only): 1.4-1.5x faster (bench/NOTES.md, item 59).
-// - rows: the (B, L, D) layout, channels contiguous. One block of channels walks L; each step
-//   streams one contiguous run per operand through 8-channel vectors, with the block's states in an
-//   L1-resident array (at most kMaxRowBlock channels).
+// - rows (scan_avx2_rows.h): the (B, L, D) layout, channels contiguous. One block of channels
+//   walks L; each step streams one contiguous run per operand through 8-channel vectors, with the
+//   block's states in an L1-resident array (at most kMaxRowBlock channels).
 // Both advance a state over steps [t0, t1) of the recurrence: the forward scan, or the backward one
 // g_u = c_{u-1} g_{u-1} + dy_u with dx_u = g_u, dc_u = g_u y_{u+1} (y_L = initial). With `prod`
 // (a chunk summary for the chained split) they multiply prod by every step's coefficient and
@@ -545,95 +545,6 @@ LINREC_AVX2 void walk_backward_pair(WalkIn<S, T> ca, WalkIn<S, T> dya, WalkIn<S,
     walk_backward_pair_loop<S, T, true>(ca, dya, ya, dxa, dca, cb, dyb, yb, dxb, dcb, t0, t1, h_io);
   else
     walk_backward_pair_loop<S, T, false>(ca, dya, ya, dxa, dca, cb, dyb, yb, dxb, dcb, t0, t1, h_io);
-}
-
-// ---------------------------------------------------------------------------------------------
-// rows: (B, L, D), a block of n contiguous channels; ls* are the step strides (elements, signed).
-// Each step rounds c h and then adds x, as the strided path does (built for the baseline x86-64,
-// without FMA), so that the two agree to the bit: a broadcast input takes the strided path, the
-// same values materialised this one.
-
-// a * b rounded, never contracted with a following add into an FMA (the empty asm hides the
-// product from the optimiser).
-LINREC_AVX2 inline __m256 mul_rounded(__m256 a, __m256 b) {
-  __m256 m = _mm256_mul_ps(a, b);
-  asm("" : "+x"(m));
-  return m;
-}
-LINREC_AVX2 inline float mul_rounded(float a, float b) {
-  float m = a * b;
-  asm("" : "+x"(m));
-  return m;
-}
-
-template <typename T>
-LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, T* y, int64_t lsy, int64_t n,
-                              int64_t t0, int64_t t1, float* h, float* prod) {
-  const int64_t nv = n / 8 * 8;
-  const bool down = lsc < 0;  // rows at descending addresses: channels last to first too
-  for (int64_t t = t0; t < t1; ++t) {
-    const T* ct = c + t * lsc;
-    const T* xt = x + t * lsx;
-    T* yt = y + t * lsy;
-    for (int64_t k = 0; k < nv; k += 8) {
-      const int64_t d = down ? nv - 8 - k : k;
-      const __m256 cv = load8(ct + d);
-      const __m256 hv = _mm256_add_ps(mul_rounded(cv, _mm256_loadu_ps(h + d)), load8(xt + d));
-      _mm256_storeu_ps(h + d, hv);
-      if (prod)
-        _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));
-      else
-        store8(yt + d, hv);
-    }
-    for (int64_t d = nv; d < n; ++d) {
-      const float cs = static_cast<float>(ct[d]);
-      h[d] = mul_rounded(cs, h[d]) + static_cast<float>(xt[d]);
-      if (prod)
-        prod[d] *= cs;
-      else
-        yt[d] = static_cast<T>(h[d]);
-    }
-  }
-}
-
-// init: the initial state of each channel (y_L), or nullptr for zeros; its channel stride cs0.
-template <typename T>
-LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsdy, const T* y, int64_t lsy, T* dx,
-                               int64_t lsdx, T* dc, int64_t lsdc, const float* init, int64_t L, int64_t n,
-                               int64_t t0, int64_t t1, float* h, float* prod) {
-  const int64_t nv = n / 8 * 8;
-  const bool down = lsdy < 0;  // rows at descending addresses: channels last to first too
-  for (int64_t t = t0; t < t1; ++t) {
-    const T* cp = t > 0 ? c + (t - 1) * lsc : nullptr;  // c_{-1} = 0
-    const T* gt = dy + t * lsdy;
-    const T* yn = t + 1 < L ? y + (t + 1) * lsy : nullptr;
-    T* dxt = dx + t * lsdx;
-    T* dct = dc + t * lsdc;
-    for (int64_t k = 0; k < nv; k += 8) {
-      const int64_t d = down ? nv - 8 - k : k;
-      const __m256 cv = cp ? load8(cp + d) : _mm256_setzero_ps();
-      const __m256 g = _mm256_add_ps(mul_rounded(cv, _mm256_loadu_ps(h + d)), load8(gt + d));
-      _mm256_storeu_ps(h + d, g);
-      if (prod) {
-        _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));
-        continue;
-      }
-      const __m256 yv = yn ? load8(yn + d) : (init ? _mm256_loadu_ps(init + d) : _mm256_setzero_ps());
-      store8(dxt + d, g);
-      store8(dct + d, _mm256_mul_ps(g, yv));
-    }
-    for (int64_t d = nv; d < n; ++d) {
-      const float cs = cp ? static_cast<float>(cp[d]) : 0.f;
-      h[d] = mul_rounded(cs, h[d]) + static_cast<float>(gt[d]);
-      if (prod) {
-        prod[d] *= cs;
-        continue;
-      }
-      const float yv = yn ? static_cast<float>(yn[d]) : (init ? init[d] : 0.f);
-      dxt[d] = static_cast<T>(h[d]);
-      dct[d] = static_cast<T>(h[d] * yv);
-    }
-  }
 }
 
 }  // namespace avx2

@@ -6,7 +6,7 @@
 //   pair walk; a lone sequence, a chunk of a split one and float32's backward: 8 steps per vector).
 //   Each sequence streams its own contiguous runs (no group of 16 rows at a power-of-two stride
 //   competing for the same cache sets, as the strided path's do).
-// - rows (scan_avx2.h): channels contiguous (the (B, L, D) layout): blocks of channels walk L, each
+// - rows (scan_avx2_rows.h): channels contiguous (the (B, L, D) layout): blocks of channels walk L, each
 //   step one contiguous run per operand.
 // - strided: any other layout, float64, or a CPU without AVX2: groups of 16 neighbouring sequences
 //   advance side by side with scalar loads at their strides.
@@ -31,6 +31,7 @@
 #include "../../common/errors.h"
 #include "../ops.h"
 #include "scan_avx2.h"
+#include "scan_avx2_rows.h"
 
 namespace linrec {
 namespace {
