@@ -124,10 +124,11 @@ def test_lookback_workspace_reuse():
     left zero and zeroing the other (launch.h): a run of launches of different sizes, layouts and
     directions, some on a side stream in between, each matches the reference. A half left dirty
     (stale status entries of a larger earlier launch, a used ticket counter) would give wrong states
-    or chunks out of range. The (8, 4096, 512) channel scan's workspace (2 MB) is too large to keep
-    and takes a fresh one between the others."""
-    cases = [((2, 1 << 17), -1, False), ((3, 40000), -1, True), ((1, 3000, 64), 1, False), ((8, 4096, 512), 1, True),
-             ((5, 1 << 15), -1, False), ((1, 3000, 64), 1, True), ((2, 1 << 17), -1, False)]
+    or chunks out of range. The (40, 1000001) backward's workspace (625 KB) outgrows the first halves
+    (512 KiB), so the buffer grows between launches; the (8, 4096, 512) channel scan's (2 MiB + 16
+    bytes) is too large to keep and takes a fresh one between the others."""
+    cases = [((2, 1 << 17), -1, False), ((3, 40000), -1, True), ((1, 3000, 64), 1, False), ((40, 1000001), -1, False),
+             ((8, 4096, 512), 1, True), ((5, 1 << 15), -1, False), ((1, 3000, 64), 1, True), ((2, 1 << 17), -1, False)]
     side = torch.cuda.Stream()
     for i, (shape, dim, reverse) in enumerate(cases * 2):
         x, c, h0 = _inputs(shape, dim, torch.float32, seed=i)

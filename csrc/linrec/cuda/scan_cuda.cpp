@@ -89,19 +89,22 @@ ConfigRequest parse_config(const OptConfig& config, int elem_size) {
 }
 
 // Look-back workspaces kept between calls, one per (device, stream). A small call's host time
-// went mostly to allocating and zeroing its workspace (bench/NOTES.md item 42). A kept buffer has
-// two halves of kMaxKeptBytes: launches on one stream run in order, so each takes the half its
-// predecessor left zero and its kernel zeroes the other (launch.h). Larger workspaces, launches
-// captured into a CUDA graph (whose replays would find their half used), the per-thread default
-// stream (one handle for another stream in each host thread: one key for launches in no order)
-// and (device, stream) pairs past the first kMaxKeptStreams take a fresh workspace each call,
-// zeroed before the launch.
-constexpr size_t kMaxKeptBytes = size_t{1} << 19;  // 32767 look-back entries
+// went mostly to allocating and zeroing its workspace (bench/NOTES.md item 42), and a large one's
+// device time pays the zeroing kernel and its launch gap. A kept buffer has two halves: launches on
+// one stream run in order, so each takes the half its predecessor left zero and its kernel zeroes
+// the other (launch.h). A half starts at kMinKeptBytes and grows (to the next power of two, as a
+// fresh zeroed buffer) up to kMaxKeptBytes. Larger workspaces, launches captured into a CUDA graph
+// (whose replays would find their half used), the per-thread default stream (one handle for another
+// stream in each host thread: one key for launches in no order) and (device, stream) pairs past the
+// first kMaxKeptStreams take a fresh workspace each call, zeroed before the launch.
+constexpr size_t kMinKeptBytes = size_t{1} << 19;  // 32767 look-back entries
+constexpr size_t kMaxKeptBytes = size_t{1} << 21;  // 131071 entries, e.g. 512 rows of 2^20 float32 ring tiles
 constexpr size_t kMaxKeptStreams = 64;
 
 struct KeptWorkspace {
   std::mutex mutex;  // held from taking a half to the launch
-  at::Tensor memory;  // 2 x kMaxKeptBytes
+  at::Tensor memory;  // 2 x half_bytes
+  size_t half_bytes = 0;
   int zero_half = 0;  // the half that is all zero
   size_t dirty_bytes = 0;  // of the other half, from its offset 0
 };
@@ -147,15 +150,19 @@ void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& de
     err = launch(LookbackWorkspace{});
   } else if (KeptWorkspace* kept = kept_workspace(plan, stream)) {
     const std::lock_guard<std::mutex> lock(kept->mutex);
-    if (!kept->memory.defined()) {
-      kept->memory = at::zeros({2 * static_cast<int64_t>(kMaxKeptBytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+    if (!kept->memory.defined() || kept->half_bytes < plan.workspace_bytes) {
+      // The old buffer, if any, goes back to the caching allocator in this stream's order.
+      size_t half = kMinKeptBytes;
+      while (half < plan.workspace_bytes) half *= 2;
+      kept->memory = at::zeros({2 * static_cast<int64_t>(half)}, at::TensorOptions().dtype(at::kByte).device(device));
+      kept->half_bytes = half;
       kept->zero_half = 0;
       kept->dirty_bytes = 0;
     }
     char* const halves = static_cast<char*>(kept->memory.data_ptr());
+    const size_t half = kept->half_bytes;
     const int use = kept->zero_half;
-    err = launch(LookbackWorkspace{halves + use * kMaxKeptBytes, false, halves + (1 - use) * kMaxKeptBytes,
-                                   kept->dirty_bytes});
+    err = launch(LookbackWorkspace{halves + use * half, false, halves + (1 - use) * half, kept->dirty_bytes});
     kept->zero_half = 1 - use;
     kept->dirty_bytes = plan.workspace_bytes;
     if (err != cudaSuccess) kept->memory = at::Tensor();  // which parts are zero is unknown
