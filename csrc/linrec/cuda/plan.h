@@ -160,8 +160,11 @@ constexpr int kTile2B32x32 = 1, kTile2B16x64 = 4;
 static_assert(kTileConfigs2B[kTile2B32x32].elems == 32 && kTileConfigs2B[kTile2B32x32].threads == 32 &&
               kTileConfigs2B[kTile2B16x64].elems == 16 && kTileConfigs2B[kTile2B16x64].threads == 64);
 
+// `walk_many`: with the default config, many rows (8 per SM) walk whatever their tile count, not
+// only when they fill two waves of the longest tile's blocks; the default plan asks for it where
+// the stream kernel cannot take the rows (off the 16-byte grid).
 inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config,
-                      int lookback_default, int walk_config) {
+                      int lookback_default, int walk_config, bool walk_many = false) {
   plan.phase_shift = tile_phase_shift(p, elem_size);
   if (plan.phase_shift) plan.vec_mask = vector_slots(p, elem_size, /*aligned=*/false);
   const int64_t L = p.len;
@@ -179,10 +182,11 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
   // The look-back is run by a whole warp (full-warp shuffles): a config of fewer threads (the
   // 2-byte 256-step tile) walks its sequences one block each instead.
   const bool whole_warp = tile_config(elem_size, config >= 0 ? config : lookback_default).threads >= 32;
-  if (tiles == 1 || p.num_seq >= 2 * resident_blocks || !whole_warp || p.deterministic) {
+  const bool walk_default = walk_config >= 0 && L > 256 && p.num_seq >= 8 * int64_t(dev.num_sms);
+  if (tiles == 1 || p.num_seq >= 2 * resident_blocks || !whole_warp || p.deterministic ||
+      (config < 0 && walk_many && walk_default)) {
     // Enough sequences for two waves of blocks: a block walks all tiles of a sequence, the other
     // resident blocks hide its latency.
-    const bool walk_default = walk_config >= 0 && L > 256 && p.num_seq >= 8 * int64_t(dev.num_sms);
     plan.config = config >= 0 ? config : walk_default ? walk_config : by_length;
     // The 2-byte 32-step backward loads a partial run per step (its registers are capped, see
     // scan_tile_kernel): rows with one (off the grid, or of a length not a multiple of 32) take the
@@ -285,7 +289,11 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     } else if (req.index >= 0) {
       plan_tile(plan, p, elem_size, dev, req.index, def.tile_lookback, def.tile_walk);
     } else {
-      plan_tile(plan, p, elem_size, dev, -1, def.tile_lookback, def.tile_walk);
+      // Rows the stream kernel cannot take walk when many: chained by look-back they were split into
+      // a few tiles each, e.g. bf16 4096 x 4097 into a 4096-step and a 1-step tile (0.47 of
+      // torch.add forward on the H100, bench/NOTES.md item 63).
+      const bool no_stream = def.stream < 0 || !config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
+      plan_tile(plan, p, elem_size, dev, -1, def.tile_lookback, def.tile_walk, no_stream);
       // The ring instead of one block per tile, once its tiles outnumber its blocks (so that a
       // block's ring has tiles to overlap).
       const bool ring = plan.num_chunks > 1 && def.ring >= 0 &&
