@@ -444,6 +444,17 @@ def test_tile_kernel_phase_shift(reverse, dtype, config):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reverse", REVERSE)
+def test_walk_many_rows_default(reverse, dtype):
+    """Many rows (8 per SM of an H100) longer than the longest tile, which the default plan walks
+    where the stream kernel cannot take them or they are at most 16 walking tiles long (plan.h,
+    walk_over_lookback): off the 16-byte grid (odd rows, a sliced buffer) and aligned."""
+    for i, (layout, rows, length) in enumerate([("contig", 1056, 4097), ("sliced", 2000, 8193), ("contig", 2000, 6000)]):
+        x, c, h0 = _phase_inputs(layout, rows, length, dtype, seed=11 + i)
+        check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
 def test_look_back_odd_rows(reverse, dtype):
     """Few long rows of an odd length: the shifted tiles of each row on different blocks, chained by
     look-back (the default) and the first and last rows' phases differing."""

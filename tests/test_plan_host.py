@@ -145,6 +145,8 @@ int main() {
         show(cc, elem, bwd, 131072, 256);   // short rows: the 256-step tile
         show(cc, elem, bwd, 4096, 4097);    // off the 16-byte grid, just over the longest tile
         show(cc, elem, bwd, 2000, 6001);    // fewer than 2 waves of the longest tile's blocks
+        show(cc, elem, bwd, 2000, 6000);    // aligned, at most 16 walking tiles: not the stream kernel
+        show(cc, elem, bwd, 2000, 32768);   // aligned, 64 walking tiles: the stream kernel (Hopper)
       }
 }
 """
@@ -154,8 +156,11 @@ int main() {
 def test_walking_tile_defaults(tmp_path):
     """Many rows (at least 8 per SM) of more than 256 steps take the 512-step tile, walked along each
     row, on every device; fewer rows the tile that holds a row, shorter rows the 256-step tile. Rows
-    off the 16-byte grid (no stream kernel) longer than the longest tile walk too: chained by
-    look-back, bf16 4096 x 4097 ran at 0.45 of a vector add (forward), walked at 0.88."""
+    longer than the longest tile walk too where the stream kernel cannot take them (off the 16-byte
+    grid; chained by look-back, bf16 4096 x 4097 ran at 0.45 of a vector add forward, walked at 0.88)
+    or they are at most 16 walking tiles long (bf16 2000 x 6000 on the stream kernel: 0.41, walked
+    0.70); longer aligned rows keep the stream kernel on Hopper (float32 1100 x 32768: 1.02 against
+    0.86 walked), and walk from 15 rows per SM where there is none (plan.h's walk_over_lookback)."""
     src = tmp_path / "walk.cpp"
     src.write_text(_WALK_PROGRAM)
     exe = tmp_path / "walk"
@@ -165,12 +170,15 @@ def test_walking_tile_defaults(tmp_path):
     walk = {4: "tile.e8t64", 2: "tile.e16t32"}
     whole = {4: "tile.e8t128", 2: "tile.e32t32"}
     short = {4: "tile.e8t32", 2: "tile.e16t16"}
+    long_rows = {(9, 4): "stream.e8t512s4 8 8", (9, 2): "stream.e16t512s4 4 4", (8, 4): "tile.e8t64 1 64",
+                 (8, 2): "tile.e16t32 1 64"}
     expect = []
     for _cc in (9, 8):
         for elem in (4, 2):
             for _bwd in (0, 1):
                 expect += [f"{walk[elem]} 1 2", f"{walk[elem]} 1 4", f"{walk[elem]} 1 1", f"{whole[elem]} 1 1",
-                           f"{short[elem]} 1 1", f"{walk[elem]} 1 9", f"{walk[elem]} 1 12"]
+                           f"{short[elem]} 1 1", f"{walk[elem]} 1 9", f"{walk[elem]} 1 12", f"{walk[elem]} 1 12",
+                           long_rows[(_cc, elem)]]
     assert got == expect
 
 

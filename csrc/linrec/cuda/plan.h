@@ -161,8 +161,7 @@ static_assert(kTileConfigs2B[kTile2B32x32].elems == 32 && kTileConfigs2B[kTile2B
               kTileConfigs2B[kTile2B16x64].elems == 16 && kTileConfigs2B[kTile2B16x64].threads == 64);
 
 // `walk_many`: with the default config, many rows (8 per SM) walk whatever their tile count, not
-// only when they fill two waves of the longest tile's blocks; the default plan asks for it where
-// the stream kernel cannot take the rows (off the 16-byte grid).
+// only when they fill two waves of the longest tile's blocks (walk_over_lookback says where).
 inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config,
                       int lookback_default, int walk_config, bool walk_many = false) {
   plan.phase_shift = tile_phase_shift(p, elem_size);
@@ -205,6 +204,28 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
     plan.per_chunk = 1;
     plan.grid = p.num_seq * plan.num_chunks;
   }
+}
+
+// Whether many rows (8 per SM) longer than the longest tile walk (plan_tile's `walk_many`) rather
+// than chain look-back tiles or take the stream kernel (`stream_ok`: it can take them). H100
+// measurements (bench/NOTES.md item 64; ratio to a vector add, forward):
+// - Rows of at most 16 walking tiles walk: look-back tiles split them unevenly (bf16 4096 x 4097: a
+//   4096-step and a 1-step tile, 0.45; walked 0.88) and a stream block per row pays its fill and
+//   drain, and a partial tile's slow path, for one or two tiles (bf16 2000 x 6000: 0.41; walked
+//   0.70). Except rows of whole stream tiles with fewer than 15 rows per SM (float32 1100 x 8192:
+//   stream 0.84, walked 0.80).
+// - Aligned rows of at most 32 walking tiles walk from 30 rows per SM (bf16 4096 x 16384: 0.96
+//   walked, 0.85 stream); longer ones keep the stream kernel (4096 x 32768: 1.05 against 0.97).
+// - Rows the stream kernel cannot take walk from 15 rows per SM (bf16 2000 x 32769: walked 0.79,
+//   look-back 0.68; 4000 x 65537: 0.95 against 0.71; with 1100 rows 0.61 against 0.67).
+inline bool walk_over_lookback(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def,
+                               bool stream_ok) {
+  if (def.tile_walk < 0) return false;
+  const int64_t sms = dev.num_sms, walk_tiles = ceil_div(p.len, tile_config(elem_size, def.tile_walk).tile());
+  if (!stream_ok) return walk_tiles <= 16 || p.num_seq >= 15 * sms;
+  const bool whole_stream_tiles = p.len % stream_config(elem_size, def.stream).tile() == 0;
+  return (walk_tiles <= 16 && !(whole_stream_tiles && p.num_seq < 15 * sms)) ||
+         (walk_tiles <= 32 && p.num_seq >= 30 * sms);
 }
 
 inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int config) {
@@ -289,11 +310,9 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     } else if (req.index >= 0) {
       plan_tile(plan, p, elem_size, dev, req.index, def.tile_lookback, def.tile_walk);
     } else {
-      // Rows the stream kernel cannot take walk when many: chained by look-back they were split into
-      // a few tiles each, e.g. bf16 4096 x 4097 into a 4096-step and a 1-step tile (0.47 of
-      // torch.add forward on the H100, bench/NOTES.md item 63).
-      const bool no_stream = def.stream < 0 || !config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
-      plan_tile(plan, p, elem_size, dev, -1, def.tile_lookback, def.tile_walk, no_stream);
+      const bool stream_ok = def.stream >= 0 && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
+      const bool walk_many = walk_over_lookback(p, elem_size, dev, def, stream_ok);
+      plan_tile(plan, p, elem_size, dev, -1, def.tile_lookback, def.tile_walk, walk_many);
       // The ring instead of one block per tile, once its tiles outnumber its blocks (so that a
       // block's ring has tiles to overlap).
       const bool ring = plan.num_chunks > 1 && def.ring >= 0 &&
@@ -303,8 +322,7 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
       // them), unless the device prefers the ring for rows this long: the look-back reached ~0.55
       // of torch.add on few-long (H200).
       const bool ring_preferred = ring && def.ring_over_stream_len > 0 && p.len >= def.ring_over_stream_len;
-      if (plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && def.stream >= 0 && !ring_preferred &&
-          config_applies(p, elem_size, dev, ScanKind::kStream, def.stream))
+      if (plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && stream_ok && !ring_preferred)
         plan_stream(plan, p, elem_size, def.stream);
       else if (ring)
         plan_ring(plan, p, elem_size, dev, def.ring);
