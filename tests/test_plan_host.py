@@ -144,7 +144,7 @@ int main() {
         show(cc, elem, bwd, 1055, 1024);    // fewer: the tile that holds the row
         show(cc, elem, bwd, 131072, 256);   // short rows: the 256-step tile
         show(cc, elem, bwd, 4096, 4097);    // off the 16-byte grid, just over the longest tile
-        show(cc, elem, bwd, 2000, 6001);    // fewer than 2 waves of the longest tile's blocks
+        show(cc, elem, bwd, 2000, 6001);    // off the grid too, fewer than 2 waves of the longest tile's blocks
         show(cc, elem, bwd, 2000, 6000);    // aligned, at most 16 walking tiles: not the stream kernel
         show(cc, elem, bwd, 2000, 32768);   // aligned, 64 walking tiles: the stream kernel (Hopper)
       }

@@ -215,7 +215,8 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
 //   0.70). Except rows of whole stream tiles with fewer than 15 rows per SM (float32 1100 x 8192:
 //   stream 0.84, walked 0.80).
 // - Aligned rows of at most 32 walking tiles walk from 30 rows per SM (bf16 4096 x 16384: 0.96
-//   walked, 0.85 stream); longer ones keep the stream kernel (4096 x 32768: 1.05 against 0.97).
+//   walked, 0.85 with the default stream config; a tuned one, stream.e16t256s6, reaches 0.98);
+//   longer ones keep the stream kernel (4096 x 32768: 1.05 against 0.97).
 // - Rows the stream kernel cannot take walk from 15 rows per SM (bf16 2000 x 32769: walked 0.79,
 //   look-back 0.68; 4000 x 65537: 0.95 against 0.71; with 1100 rows 0.61 against 0.67).
 inline bool walk_over_lookback(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def,

@@ -98,7 +98,7 @@ ConfigRequest parse_config(const OptConfig& config, int elem_size) {
 // stream in each host thread: one key for launches in no order) and (device, stream) pairs past the
 // first kMaxKeptStreams take a fresh workspace each call, zeroed before the launch.
 constexpr size_t kMinKeptBytes = size_t{1} << 19;  // 32767 look-back entries
-constexpr size_t kMaxKeptBytes = size_t{1} << 21;  // 131071 entries, e.g. 512 rows of 2^20 float32 ring tiles
+constexpr size_t kMaxKeptBytes = size_t{1} << 21;  // 131071 entries, e.g. 511 rows of 2^20 float32 ring tiles
 constexpr size_t kMaxKeptStreams = 64;
 
 struct KeptWorkspace {
