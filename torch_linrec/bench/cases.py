@@ -2,7 +2,10 @@
 
 Every case has three sizes: ``full`` (the GPU suite), ``scaled`` (a CPU machine: leading/batch
 dims divided so that the whole job runs in minutes on a few cores) and ``quick`` (tiny, for
-tests). ``NL`` cases scan the last dim of an ``(N, L)`` tensor; ``BLD`` cases scan dim 1 of a
+tests). A scaled tensor holds 16 MiB (but small-call's 8 MiB), so that ``torch.add``'s three
+tensors (48 MiB) outgrow a server's last-level cache as the scan's forward+backward (eight) does:
+both then stream from memory, as on the GPU. At 4 MiB the add ran from a 32 MiB L3 while the
+forward+backward could not, and the ratio measured the cache (bench/NOTES.md, item 65). ``NL`` cases scan the last dim of an ``(N, L)`` tensor; ``BLD`` cases scan dim 1 of a
 ``(B, L, D)`` tensor, the Mamba layout. :func:`parse_shape` makes a case of any shape from the main
 job's ``--shapes`` syntax (``16x4194304:fp32``, ``8x4096x4096:bf16:dim=1``, ``1000x3001:fp16:reverse``).
 """
@@ -59,12 +62,12 @@ class Case:
 _F32, _BF16 = torch.float32, torch.bfloat16
 
 SUITE: tuple[Case, ...] = (
-    Case("many-short", "NL", _F32, (131072, 1024), (1024, 1024), (256, 64)),
-    Case("few-long", "NL", _F32, (128, 1 << 20), (2, 1 << 20), (4, 1024)),
+    Case("many-short", "NL", _F32, (131072, 1024), (4096, 1024), (256, 64)),
+    Case("few-long", "NL", _F32, (128, 1 << 20), (4, 1 << 20), (4, 1024)),
     Case("very-few-long", "NL", _F32, (16, 1 << 22), (1, 1 << 22), (2, 4096)),
     Case("mamba-BLD", "BLD", _F32, (8, 4096, 4096), (1, 4096, 1024), (2, 128, 32)),
-    Case("bf16-many-short", "NL", _BF16, (131072, 1024), (1024, 1024), (256, 64)),
-    Case("bf16-mamba-BLD", "BLD", _BF16, (8, 4096, 4096), (1, 4096, 1024), (2, 128, 32)),
+    Case("bf16-many-short", "NL", _BF16, (131072, 1024), (8192, 1024), (256, 64)),
+    Case("bf16-mamba-BLD", "BLD", _BF16, (8, 4096, 4096), (2, 4096, 1024), (2, 128, 32)),
     Case("small-call", "BLD", _F32, (1, 1024, 2048), (1, 1024, 2048), (1, 64, 32)),
 )
 

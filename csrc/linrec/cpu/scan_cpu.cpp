@@ -187,23 +187,27 @@ bool pair_walk(const ScanParams& p) {
 
 // The walk over pairs of sequences (the last alone where their number is odd): each pair's middle
 // steps by the pair kernels, its first and last steps (partial vectors) one sequence at a time.
-// at(slot, i), in(slot, i), init_value(i): as in scan_walk.
+// Sequence j pairs with j + ceil(n/2), so that a thread's sequences make two unbroken streams per
+// operand: adjacent pairs (2j, 2j+1) made each stream a run of one row that skipped the next, which
+// the prefetchers followed poorly (2-byte rows of 1024 steps: 1.1-1.5x slower from memory;
+// bench/NOTES.md item 65). at(slot, i), in(slot, i), init_value(i): as in scan_walk.
 template <typename T, int S, typename At, typename In, typename InitValue>
 void scan_walk_pairs(const ScanParams& p, const At& at, const In& in, const InitValue& init_value) {
-  const int64_t L = p.len, n = p.num_seq, K = avx2::kPairSteps<T>;
+  const int64_t L = p.len, n = p.num_seq, K = avx2::kPairSteps<T>, half = (n + 1) / 2;
   const int64_t grain = std::max<int64_t>(1, kGrainElems / (2 * L));
-  at::parallel_for(0, (n + 1) / 2, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, half, grain, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      const int64_t i = 2 * j, rows = std::min<int64_t>(2, n - i);
+      const int64_t r[2] = {j, j + half};
+      const int64_t rows = r[1] < n ? 2 : 1;
       float h[2];
       if (!p.backward) {
         const int64_t body = rows == 2 ? L / K * K : 0;
-        for (int64_t k = 0; k < rows; ++k) h[k] = init_value(i + k);
+        for (int64_t k = 0; k < rows; ++k) h[k] = init_value(r[k]);
         if (body > 0)
-          avx2::walk_forward_pair(in(kCoeff, i), in(kIn, i), at(kOut, i), in(kCoeff, i + 1), in(kIn, i + 1),
-                                  at(kOut, i + 1), 0, body, h);
+          avx2::walk_forward_pair(in(kCoeff, r[0]), in(kIn, r[0]), at(kOut, r[0]), in(kCoeff, r[1]), in(kIn, r[1]),
+                                  at(kOut, r[1]), 0, body, h);
         for (int64_t k = 0; k < rows && body < L; ++k)
-          avx2::walk_forward<S, false>(in(kCoeff, i + k), in(kIn, i + k), at(kOut, i + k), body, L, &h[k], nullptr);
+          avx2::walk_forward<S, false>(in(kCoeff, r[k]), in(kIn, r[k]), at(kOut, r[k]), body, L, &h[k], nullptr);
         continue;
       }
       // The first 8 steps (c_{-1} = 0) and the last ones (past the last full iteration whose y_{u+1}
@@ -211,17 +215,17 @@ void scan_walk_pairs(const ScanParams& p, const At& at, const In& in, const Init
       const int64_t head = std::min<int64_t>(L, 8);
       const int64_t body_end = rows == 2 && L - 1 > head ? head + (L - 1 - head) / K * K : head;
       auto alone = [&](int64_t k, int64_t t0, int64_t t1) {
-        avx2::walk_backward<S, false>(in(kCoeff, i + k), in(kIn, i + k), in(kOut, i + k), at(kGradIn, i + k),
-                                      at(kGradCoeff, i + k), init_value(i + k), L, t0, t1, &h[k], nullptr);
+        avx2::walk_backward<S, false>(in(kCoeff, r[k]), in(kIn, r[k]), in(kOut, r[k]), at(kGradIn, r[k]),
+                                      at(kGradCoeff, r[k]), init_value(r[k]), L, t0, t1, &h[k], nullptr);
       };
       for (int64_t k = 0; k < rows; ++k) h[k] = 0.f, alone(k, 0, head);
       if (body_end > head)
-        avx2::walk_backward_pair(in(kCoeff, i), in(kIn, i), in(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
-                                 in(kCoeff, i + 1), in(kIn, i + 1), in(kOut, i + 1), at(kGradIn, i + 1),
-                                 at(kGradCoeff, i + 1), head, body_end, h);
+        avx2::walk_backward_pair(in(kCoeff, r[0]), in(kIn, r[0]), in(kOut, r[0]), at(kGradIn, r[0]),
+                                 at(kGradCoeff, r[0]), in(kCoeff, r[1]), in(kIn, r[1]), in(kOut, r[1]),
+                                 at(kGradIn, r[1]), at(kGradCoeff, r[1]), head, body_end, h);
       for (int64_t k = 0; k < rows; ++k) {
         alone(k, body_end, L);
-        *at(kGradInit, i + k) = static_cast<T>(in(kCoeff, i + k).value(L - 1) * h[k]);  // c_{L-1} g_{L-1}
+        *at(kGradInit, r[k]) = static_cast<T>(in(kCoeff, r[k]).value(L - 1) * h[k]);  // c_{L-1} g_{L-1}
       }
     }
   });
