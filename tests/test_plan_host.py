@@ -160,7 +160,9 @@ def test_walking_tile_defaults(tmp_path):
     grid; chained by look-back, bf16 4096 x 4097 ran at 0.45 of a vector add forward, walked at 0.88)
     or they are at most 16 walking tiles long (bf16 2000 x 6000 on the stream kernel: 0.41, walked
     0.70); longer aligned rows keep the stream kernel on Hopper (float32 1100 x 32768: 1.02 against
-    0.86 walked), and walk from 15 rows per SM where there is none (plan.h's walk_over_lookback)."""
+    0.86 walked), and walk from 15 rows per SM where there is none (plan.h's walk_over_lookback).
+    The 2-byte backward of such rows, fewer than 16 per SM, chains 1024-step look-back tiles instead
+    (plan.h's backward_lookback_1024; bf16 1100 x 8001: 0.60 of a vector add walked, 0.73)."""
     src = tmp_path / "walk.cpp"
     src.write_text(_WALK_PROGRAM)
     exe = tmp_path / "walk"
@@ -175,10 +177,11 @@ def test_walking_tile_defaults(tmp_path):
     expect = []
     for _cc in (9, 8):
         for elem in (4, 2):
-            for _bwd in (0, 1):
+            for bwd in (0, 1):
+                # the 2-byte backward of fewer than 16 rows per SM: 1024-step look-back tiles
+                mid = ["tile.e16t64 6 1"] * 2 if (elem, bwd) == (2, 1) else [f"{walk[elem]} 1 12"] * 2
                 expect += [f"{walk[elem]} 1 2", f"{walk[elem]} 1 4", f"{walk[elem]} 1 1", f"{whole[elem]} 1 1",
-                           f"{short[elem]} 1 1", f"{walk[elem]} 1 9", f"{walk[elem]} 1 12", f"{walk[elem]} 1 12",
-                           long_rows[(_cc, elem)]]
+                           f"{short[elem]} 1 1", f"{walk[elem]} 1 9", *mid, long_rows[(_cc, elem)]]
     assert got == expect
 
 

@@ -229,6 +229,19 @@ inline bool walk_over_lookback(const ScanParams& p, int elem_size, const DeviceI
          (walk_tiles <= 32 && p.num_seq >= 30 * sms);
 }
 
+// Whether the 2-byte backward of rows that would walk (`walk_many`) chains 1024-step look-back tiles
+// (tile.e16t64) instead: with fewer than 16 rows per SM of 9-16 walking tiles (512 steps), the
+// walking blocks are too few to keep the backward's five streams in flight (longer rows: not measured). H100, ratio to a vector
+// add, walked -> look-back (bench/NOTES.md items 64-65): bf16 1100 x 6000 0.61 -> 0.74, 1100 x 8001
+// 0.60 -> 0.73, 1500 x 5000 0.66 -> 0.69, 2000 x 6000 0.75 -> 0.78; from ~20 rows per SM the walk
+// is ahead (3000 x 6000: 0.86 against 0.78), and the forward keeps it (1100 x 8001: 0.58 / 0.64).
+inline bool backward_lookback_1024(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def,
+                                   bool walk_many) {
+  const int64_t walk_tiles = ceil_div(p.len, tile_config(elem_size, def.tile_walk).tile());
+  return walk_many && p.backward && elem_size == 2 && !p.deterministic && p.num_seq < 16 * int64_t(dev.num_sms) &&
+         walk_tiles > 8 && walk_tiles <= 16;
+}
+
 inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int config) {
   const StreamConfig cfg = stream_config(elem_size, config);
   plan.kind = ScanKind::kStream;
@@ -313,17 +326,19 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     } else {
       const bool stream_ok = def.stream >= 0 && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
       const bool walk_many = walk_over_lookback(p, elem_size, dev, def, stream_ok);
-      plan_tile(plan, p, elem_size, dev, -1, def.tile_lookback, def.tile_walk, walk_many);
+      const bool lookback_1024 = backward_lookback_1024(p, elem_size, dev, def, walk_many);
+      plan_tile(plan, p, elem_size, dev, lookback_1024 ? kTile2B16x64 : -1, def.tile_lookback, def.tile_walk,
+                walk_many);
       // The ring instead of one block per tile, once its tiles outnumber its blocks (so that a
       // block's ring has tiles to overlap).
-      const bool ring = plan.num_chunks > 1 && def.ring >= 0 &&
+      const bool ring = !lookback_1024 && plan.num_chunks > 1 && def.ring >= 0 &&
                         p.num_seq * ceil_div(p.len, ring_config(elem_size, def.ring).tile()) >= 2 * dev.num_sms &&
                         config_applies(p, elem_size, dev, ScanKind::kRing, def.ring);
       // The stream kernel instead for about as many sequences as SMs (a block for at least 3/4 of
       // them), unless the device prefers the ring for rows this long: the look-back reached ~0.55
       // of torch.add on few-long (H200).
       const bool ring_preferred = ring && def.ring_over_stream_len > 0 && p.len >= def.ring_over_stream_len;
-      if (plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && stream_ok && !ring_preferred)
+      if (!lookback_1024 && plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && stream_ok && !ring_preferred)
         plan_stream(plan, p, elem_size, def.stream);
       else if (ring)
         plan_ring(plan, p, elem_size, dev, def.ring);
