@@ -45,6 +45,7 @@ struct ScanPlan {
   int64_t grid;            // blocks
   unsigned vec_mask;       // tile, stream and ring kernels: slots that take 16-byte vector accesses
   bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles shifted per row (scan_tile_kernel)
+  bool walk_prefetch;      // tile kernel: a walking block prefetches its next tile into L2
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
   size_t workspace_bytes;  // look-back counters and status (0 without look-back; launch.h)
 };
@@ -196,6 +197,13 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
       plan.config = kTile2B16x64;
     plan.num_chunks = 1;
     plan.per_chunk = ceil_div(L, tile_config(elem_size, plan.config).tile());
+    // With fewer than 18 warps per SM the walking blocks' own loads leave DRAM idle: each also
+    // prefetches its next tile into L2. With more it costs bandwidth (H100, ratio to torch.add,
+    // forward, without -> with: bf16 1100 x 6000 0.64 -> 0.75 (8 warps per SM), 2000 x 6000 0.73 ->
+    // 0.77 (15), float32 1100 x 8001 0.73 -> 0.78 (17); bf16 3000 x 6000 (23) 0.82 -> 0.76, float32
+    // 2000 x 6000 (30) 0.88 -> 0.78, bf16 131072 x 1024 0.99 -> 0.92; bench/NOTES.md item 65).
+    plan.walk_prefetch = plan.per_chunk > 1 &&
+                         p.num_seq * tile_config(elem_size, plan.config).threads < 18 * 32 * int64_t(dev.num_sms);
   } else {
     // Fewer sequences than SMs can hide: one tile per block, the tiles of a sequence chained by
     // look-back (not under deterministic algorithms, see params.h).

@@ -20,6 +20,7 @@ struct TileArgs {
   int64_t tiles_per_chunk;  // tiles scanned one after the other by a block
   unsigned vec_mask;        // bit s: slot s takes 16-byte vector accesses (kPhaseShift: where its
                             // phase is the row's)
+  bool prefetch;            // a walking block prefetches its next tile into L2 (ScanPlan::walk_prefetch)
   LookbackState lb;
 };
 
@@ -192,6 +193,15 @@ struct SeqTensors {
     init = h0 && load_init ? to_float(*h0) : 0.f;
   }
 };
+
+// Prefetches into L2 the line of a thread's first step at `tf` in each operand the tile reads.
+template <typename T, bool kBackward>
+__device__ __forceinline__ void prefetch_steps_l2(const SeqTensors<T>& s, int64_t L, int64_t tf) {
+  if (tf < 0 || tf >= L) return;
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(s.in + tf * s.ls_in));
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(s.cf + tf * s.ls_c));
+  if constexpr (kBackward) asm volatile("prefetch.global.L2 [%0];" ::"l"(s.y + tf * s.ls_y));
+}
 
 // The slots of `vm` whose phase (vector_phase) in this row is `phase`: those take vector accesses.
 template <typename T>
@@ -497,10 +507,14 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // tiles `phase` steps before its row, so that all but the first thread's steps are whole aligned
 // vectors in every slot of the row's phase. The tiles cover as many steps as the row: the row's
 // last block scans the steps left past them (fewer than a vector) across warp 0 (scan_tail).
+// The 2-byte forward's 16-step tile over one warp is capped at 64 registers (32 warps per SM): the
+// walk's L2 prefetch took its shifted-row variant from 64 to 70, too many for the 31 rows per SM of
+// bf16 4096 x 4097 in one wave (0.83 -> 0.71 of torch.add); capped, it spills 8 bytes.
 // Minimum blocks per SM of scan_tile_kernel (see there).
 template <typename T, int E, int NT, bool kBackward>
 constexpr int tile_min_blocks() {
-  if (!kBackward || sizeof(T) != 2) return 0;
+  if (sizeof(T) != 2) return 0;
+  if (!kBackward) return E == 16 && NT == 32 ? 32 : 0;
   return E == 32 ? 512 / NT : NT == 32 ? 32 : NT > 32 ? 896 / NT : 1;
 }
 template <typename T, int E, int NT, bool kBackward, bool kPhaseShift>
@@ -540,6 +554,8 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
     const int64_t t0 = chunk_t0 + tile * kTile;
     if (t0 >= L) break;
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
+    // A prefetching walk has the next tile's lines on their way to L2 while it scans this one.
+    if (args.prefetch && tile + 1 < args.tiles_per_chunk) prefetch_steps_l2<T, kBackward>(s, L, tf + kTile);
     const StepSpan r = step_span<E, kPhaseShift>(tf, L);
     float v[E];
     Operands c, yn;
