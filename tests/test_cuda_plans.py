@@ -455,6 +455,16 @@ def test_walk_many_rows_default(reverse, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reverse", REVERSE)
+def test_short_stream_rows_default(reverse, dtype):
+    """Rows of one or two stream tiles, 1.5 to 8 per SM of an H100, which the default plan chains as
+    1024-step look-back tiles (plan.h, short_stream_rows)."""
+    for i, (layout, rows, length) in enumerate([("contig", 600, 8000), ("contig", 300, 6000)]):
+        x, c, h0 = _phase_inputs(layout, rows, length, dtype, seed=21 + i)
+        check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
 def test_look_back_odd_rows(reverse, dtype):
     """Few long rows of an odd length: the shifted tiles of each row on different blocks, chained by
     look-back (the default) and the first and last rows' phases differing."""

@@ -331,3 +331,42 @@ def test_walk_prefetch_defaults(tmp_path):
     # the 2-byte backward of 1100 and 2000 rows chains 1024-step look-back tiles (backward_lookback_1024)
     bwd = ["tile.e16t64 1 0", "tile.e16t64 1 0", *fwd[2:]]
     assert got == fwd + bwd
+
+
+_SHORT_STREAM_PROGRAM = _SHOW + r"""
+int main() {
+  for (int elem : {4, 2})
+    for (bool bwd : {false, true}) {
+      show(9, elem, bwd, 600, 8000);   // 4.5 rows per SM of one or two stream tiles: 1024-step look-back tiles
+      show(9, elem, bwd, 200, 6000);   // 1.5 rows per SM
+      show(9, elem, bwd, 128, 8192);   // one per SM: the stream kernel
+      show(9, elem, bwd, 600, 4000);   // within the longest tile: one tile per row
+      show(9, elem, bwd, 600, 65536);  // many stream tiles: the stream kernel
+    }
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_short_stream_rows_defaults(tmp_path):
+    """Rows longer than the longest tile but of at most two stream tiles, 1.5 to 8 per SM, chain
+    1024-step look-back tiles instead of one stream block per row (bf16 600 x 8000 forward: 0.54 of
+    torch.add on the stream kernel, 0.65; plan.h's short_stream_rows); one row per SM, rows that fit
+    a tile and rows of many stream tiles keep their plans."""
+    src = tmp_path / "short.cpp"
+    src.write_text(_SHORT_STREAM_PROGRAM)
+    exe = tmp_path / "short"
+    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
+    got = [" ".join(line.split()[5:]) for line in
+           subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()]
+    lookback = {(4, 0): "tile.e8t128", (4, 1): "tile.e8t128", (2, 0): "tile.e32t32", (2, 1): "tile.e16t64"}
+    stream = {4: "stream.e8t512s4", 2: "stream.e16t512s4"}
+    expect = []
+    for elem in (4, 2):
+        for bwd in (0, 1):
+            lb = lookback[(elem, bwd)]
+            one_tile = "tile.e32t128" if elem == 2 else "tile.e16t256"
+            long_rows = f"{stream[elem]} {65536 // (4096 if elem == 4 else 8192)} {65536 // (4096 if elem == 4 else 8192)}"
+            expect += [f"{lb} 8 1", f"{lb} 6 1", f"{stream[elem]} {8192 // (4096 if elem == 4 else 8192)} "
+                       f"{8192 // (4096 if elem == 4 else 8192)}", f"{one_tile} 1 1", long_rows]
+    assert got == expect

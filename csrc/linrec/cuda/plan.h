@@ -156,10 +156,12 @@ inline std::string applicable_config_names(const ScanParams& p, int elem_size, c
   return out;
 }
 
-// The 2-byte tile configs of 1024 steps (configs.h): 32 steps x 32 threads, 16 x 64.
-constexpr int kTile2B32x32 = 1, kTile2B16x64 = 4;
+// The 2-byte tile configs of 1024 steps (configs.h): 32 steps x 32 threads, 16 x 64; the 4-byte
+// one of 8 x 128.
+constexpr int kTile2B32x32 = 1, kTile2B16x64 = 4, kTile4B8x128 = 1;
 static_assert(kTileConfigs2B[kTile2B32x32].elems == 32 && kTileConfigs2B[kTile2B32x32].threads == 32 &&
-              kTileConfigs2B[kTile2B16x64].elems == 16 && kTileConfigs2B[kTile2B16x64].threads == 64);
+              kTileConfigs2B[kTile2B16x64].elems == 16 && kTileConfigs2B[kTile2B16x64].threads == 64 &&
+              kTileConfigs4B[kTile4B8x128].elems == 8 && kTileConfigs4B[kTile4B8x128].threads == 128);
 
 // `walk_many`: with the default config, many rows (8 per SM) walk whatever their tile count, not
 // only when they fill two waves of the longest tile's blocks (walk_over_lookback says where).
@@ -237,8 +239,8 @@ inline bool walk_over_lookback(const ScanParams& p, int elem_size, const DeviceI
          (walk_tiles <= 32 && p.num_seq >= 30 * sms);
 }
 
-// Whether the 2-byte backward of rows that would walk (`walk_many`) chains 1024-step look-back tiles
-// (tile.e16t64) instead: with fewer than 16 rows per SM of 9-16 walking tiles (512 steps), the
+// Whether the 2-byte backward of rows that walk_over_lookback lets walk chains 1024-step look-back
+// tiles (tile.e16t64) instead (with fewer than 8 rows per SM too, where plan_tile would not walk them): with fewer than 16 rows per SM of 9-16 walking tiles (512 steps), the
 // walking blocks are too few to keep the backward's five streams in flight (longer rows: not measured). H100, ratio to a vector
 // add, walked -> look-back (bench/NOTES.md items 64-65): bf16 1100 x 6000 0.61 -> 0.74, 1100 x 8001
 // 0.60 -> 0.73, 1500 x 5000 0.66 -> 0.69, 2000 x 6000 0.75 -> 0.78; from ~20 rows per SM the walk
@@ -248,6 +250,20 @@ inline bool backward_lookback_1024(const ScanParams& p, int elem_size, const Dev
   const int64_t walk_tiles = ceil_div(p.len, tile_config(elem_size, def.tile_walk).tile());
   return walk_many && p.backward && elem_size == 2 && !p.deterministic && p.num_seq < 16 * int64_t(dev.num_sms) &&
          walk_tiles > 8 && walk_tiles <= 16;
+}
+
+// Whether rows longer than the longest tile but of at most two stream tiles, 1.5 to 8 per SM (fewer
+// than the walk takes), chain 1024-step look-back tiles instead of taking one stream block each:
+// a block per row has little to overlap its loads with. H100, ratio to torch.add, stream ->
+// 1024-step look-back tiles, fwd | bwd (bench/NOTES.md item 65): bf16 600 x 8000 0.54 -> 0.65 |
+// 0.56 -> 0.81, 1000 x 12000 0.53 -> 0.75 | 0.56 -> 0.83, 200 x 6000 0.56-0.64 -> 0.62-0.65 | 0.67-0.70
+// -> 0.87-0.97; float32 1000 x 4608 0.51 -> 0.79 | 0.59 -> 0.86, 1000 x 8192 0.80 -> 0.83 | 0.92 ->
+// 0.89. With one row per SM the stream kernel is ahead (float32 128 x 8192: 0.81 against 0.69).
+inline bool short_stream_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def,
+                              bool stream_ok) {
+  const int64_t longest_tile = tile_config(elem_size, kNumSizeTileConfigs - 1).tile();  // else one tile per row
+  return stream_ok && !p.deterministic && p.len > longest_tile && 2 * p.num_seq >= 3 * dev.num_sms &&
+         p.num_seq < 8 * int64_t(dev.num_sms) && ceil_div(p.len, stream_config(elem_size, def.stream).tile()) <= 2;
 }
 
 inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int config) {
@@ -334,9 +350,14 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     } else {
       const bool stream_ok = def.stream >= 0 && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
       const bool walk_many = walk_over_lookback(p, elem_size, dev, def, stream_ok);
-      const bool lookback_1024 = backward_lookback_1024(p, elem_size, dev, def, walk_many);
-      plan_tile(plan, p, elem_size, dev, lookback_1024 ? kTile2B16x64 : -1, def.tile_lookback, def.tile_walk,
-                walk_many);
+      // 1024-step look-back tiles where neither the walk nor the stream kernel suits the rows.
+      const int tile_1024 = backward_lookback_1024(p, elem_size, dev, def, walk_many) ? kTile2B16x64
+                            : !short_stream_rows(p, elem_size, dev, def, stream_ok) ? -1
+                            : p.backward && elem_size == 2                                       ? kTile2B16x64
+                            : elem_size == 2                                                     ? kTile2B32x32
+                                                                                                 : kTile4B8x128;
+      const bool lookback_1024 = tile_1024 >= 0;
+      plan_tile(plan, p, elem_size, dev, tile_1024, def.tile_lookback, def.tile_walk, walk_many);
       // The ring instead of one block per tile, once its tiles outnumber its blocks (so that a
       // block's ring has tiles to overlap).
       const bool ring = !lookback_1024 && plan.num_chunks > 1 && def.ring >= 0 &&
