@@ -10,6 +10,15 @@ from test_nvcc import ROOT
 
 CXX = shutil.which("c++") or shutil.which("g++")
 
+
+def _run_program(tmp_path, name, program):
+    """Compiles `program` (C++ including csrc/) with the system compiler, runs it, returns its lines."""
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(program)
+    exe = tmp_path / name
+    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
+    return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+
 # Prints the default plan of `rows` sequences of length `len` (innermost, contiguous, aligned) on a
 # device of compute capability `cc` with an H100's SMs, shared memory and (unless `dram` is set)
 # DRAM bandwidth per SM: cc, element size, direction, rows, length, config, chunks (blocks per
@@ -52,12 +61,7 @@ def test_look_back_defaults(tmp_path):
     elsewhere with the tile the tuner chose for those buckets, for every element size and direction
     (the tile default's index once reached the planner as a bool, so every problem ran the second
     tile config)."""
-    src = tmp_path / "plan.cpp"
-    src.write_text(_PROGRAM)
-    exe = tmp_path / "plan"
-    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
-    rows = [line.split() for line in subprocess.run([str(exe)], check=True, capture_output=True,
-                                                       text=True).stdout.splitlines()]
+    rows = [line.split() for line in _run_program(tmp_path, "plan", _PROGRAM)]
     expect = {("9", "4", "0"): "ring.e8t512s6", ("9", "4", "1"): "ring.e8t512s6", ("9", "2", "0"): "ring.e16t512s6",
               ("9", "2", "1"): "ring.e16t512s6", ("8", "4", "0"): "tile.e16t128", ("8", "4", "1"): "tile.e8t128",
               ("8", "2", "0"): "tile.e32t128", ("8", "2", "1"): "tile.e32t128"}
@@ -111,11 +115,7 @@ def test_phase_shift_plans(tmp_path):
     """Rows whose input starts off the 16-byte grid (odd lengths, sliced views, reverse walks of odd
     lengths) take the tile kernel shifted to each row's phase, every unit-stride slot marked for
     vector access, and the tiles of the row's length; aligned rows and strided inputs do not."""
-    src = tmp_path / "phase.cpp"
-    src.write_text(_PHASE_PROGRAM)
-    exe = tmp_path / "phase"
-    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
-    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    got = _run_program(tmp_path, "phase", _PHASE_PROGRAM)
     streamed = (1 << 0) | (1 << 1) | (1 << 2)  # kIn, kCoeff, kOut
     assert got == [
         f"tile.e32t128 1 {streamed} 1 1",
@@ -163,12 +163,7 @@ def test_walking_tile_defaults(tmp_path):
     0.86 walked), and walk from 15 rows per SM where there is none (plan.h's walk_over_lookback).
     The 2-byte backward of such rows, fewer than 16 per SM, chains 1024-step look-back tiles instead
     (plan.h's backward_lookback_1024; bf16 1100 x 8001: 0.60 of a vector add walked, 0.73)."""
-    src = tmp_path / "walk.cpp"
-    src.write_text(_WALK_PROGRAM)
-    exe = tmp_path / "walk"
-    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
-    got = [" ".join(line.split()[5:]) for line in
-           subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()]
+    got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "walk", _WALK_PROGRAM)]
     walk = {4: "tile.e8t64", 2: "tile.e16t32"}
     whole = {4: "tile.e8t128", 2: "tile.e32t32"}
     short = {4: "tile.e8t32", 2: "tile.e16t16"}
@@ -216,11 +211,7 @@ def test_channel_pipe_defaults(tmp_path):
     backward (backward: 4 steps of 4 channels, two blocks per SM for a 2-byte type and one for
     float32; else for a 2-byte type 8 steps over one block per SM); fewer channel blocks take the
     default config chained by look-back."""
-    src = tmp_path / "channel.cpp"
-    src.write_text(_CHANNEL_PROGRAM)
-    exe = tmp_path / "channel"
-    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
-    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    got = _run_program(tmp_path, "channel", _CHANNEL_PROGRAM)
     assert got == [
         # float32 forward: pairs, 8 steps over 16 warps, prefetching, where they fill 3/4 of a wave
         "channel.s8r16b1p2.pipe 1 32", "channel.s8r16b1p2.pipe 1 4", "channel.s8r16b1p2.pipe 1 32",
@@ -267,12 +258,7 @@ def test_ring_or_stream_defaults(tmp_path):
     H100's 25) the ring for rows of 2^18 steps or more, except for the 2-byte backward; with more
     per SM (the H200's 37), an unknown bandwidth or shorter rows, one stream block per row; and
     where the ring does not apply (inputs walked different ways), the stream kernel on the H100 too."""
-    src = tmp_path / "ring_or_stream.cpp"
-    src.write_text(_RING_OR_STREAM_PROGRAM)
-    exe = tmp_path / "ring_or_stream"
-    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
-    got = [line.split()[5] for line in
-           subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()]
+    got = [line.split()[5] for line in _run_program(tmp_path, "ring_or_stream", _RING_OR_STREAM_PROGRAM)]
     ring = {4: "ring.e8t512s6", 2: "ring.e16t512s6"}
     stream = {4: "stream.e8t512s4", 2: "stream.e16t512s4"}
     expect = []
@@ -321,11 +307,7 @@ def test_walk_prefetch_defaults(tmp_path):
     """A walking block prefetches its next tile into L2 only with fewer than 18 warps per SM (with
     more, the prefetches cost bandwidth: bf16 3000 x 6000 forward 0.82 of torch.add without, 0.76
     with), and only when it walks more than one tile (plan.h's plan_tile)."""
-    src = tmp_path / "prefetch.cpp"
-    src.write_text(_PREFETCH_PROGRAM)
-    exe = tmp_path / "prefetch"
-    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
-    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    got = _run_program(tmp_path, "prefetch", _PREFETCH_PROGRAM)
     fwd = ["tile.e16t32 16 1", "tile.e16t32 12 1", "tile.e16t32 12 0", "tile.e16t32 9 0", "tile.e8t64 16 1",
            "tile.e8t64 12 0", "tile.e8t64 2 0", "tile.e8t128 1 0"]
     # the 2-byte backward of 1100 and 2000 rows chains 1024-step look-back tiles (backward_lookback_1024)
@@ -353,12 +335,7 @@ def test_short_stream_rows_defaults(tmp_path):
     1024-step look-back tiles instead of one stream block per row (bf16 600 x 8000 forward: 0.54 of
     torch.add on the stream kernel, 0.65; plan.h's short_stream_rows); one row per SM, rows that fit
     a tile and rows of many stream tiles keep their plans."""
-    src = tmp_path / "short.cpp"
-    src.write_text(_SHORT_STREAM_PROGRAM)
-    exe = tmp_path / "short"
-    subprocess.run([CXX, "-std=c++17", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
-    got = [" ".join(line.split()[5:]) for line in
-           subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()]
+    got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "short", _SHORT_STREAM_PROGRAM)]
     lookback = {(4, 0): "tile.e8t128", (4, 1): "tile.e8t128", (2, 0): "tile.e32t32", (2, 1): "tile.e16t64"}
     stream = {4: "stream.e8t512s4", 2: "stream.e16t512s4"}
     expect = []
