@@ -343,7 +343,8 @@ def test_short_stream_rows_defaults(tmp_path):
         for bwd in (0, 1):
             lb = lookback[(elem, bwd)]
             one_tile = "tile.e32t128" if elem == 2 else "tile.e16t256"
-            long_rows = f"{stream[elem]} {65536 // (4096 if elem == 4 else 8192)} {65536 // (4096 if elem == 4 else 8192)}"
-            expect += [f"{lb} 8 1", f"{lb} 6 1", f"{stream[elem]} {8192 // (4096 if elem == 4 else 8192)} "
-                       f"{8192 // (4096 if elem == 4 else 8192)}", f"{one_tile} 1 1", long_rows]
+            stream_tile = 4096 if elem == 4 else 8192  # steps
+            tiles = 8192 // stream_tile, 65536 // stream_tile
+            expect += [f"{lb} 8 1", f"{lb} 6 1", f"{stream[elem]} {tiles[0]} {tiles[0]}", f"{one_tile} 1 1",
+                       f"{stream[elem]} {tiles[1]} {tiles[1]}"]
     assert got == expect
