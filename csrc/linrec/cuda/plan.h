@@ -239,9 +239,10 @@ inline bool walk_over_lookback(const ScanParams& p, int elem_size, const DeviceI
          (walk_tiles <= 32 && p.num_seq >= 30 * sms);
 }
 
-// Whether the 2-byte backward of rows that walk_over_lookback lets walk chains 1024-step look-back
-// tiles (tile.e16t64) instead (with fewer than 8 rows per SM too, where plan_tile would not walk them): with fewer than 16 rows per SM of 9-16 walking tiles (512 steps), the
-// walking blocks are too few to keep the backward's five streams in flight (longer rows: not measured). H100, ratio to a vector
+// Whether the 2-byte backward of rows that walk_over_lookback lets walk (also below 8 rows per SM,
+// where plan_tile does not walk them) chains 1024-step look-back tiles (tile.e16t64) instead: with
+// fewer than 16 rows per SM of 9-16 walking tiles (512 steps), the walking blocks are too few to
+// keep the backward's five streams in flight (longer rows: not measured). H100, ratio to a vector
 // add, walked -> look-back (bench/NOTES.md items 64-65): bf16 1100 x 6000 0.61 -> 0.74, 1100 x 8001
 // 0.60 -> 0.73, 1500 x 5000 0.66 -> 0.69, 2000 x 6000 0.75 -> 0.78; from ~20 rows per SM the walk
 // is ahead (3000 x 6000: 0.86 against 0.78), and the forward keeps it (1100 x 8001: 0.58 / 0.64).
