@@ -22,13 +22,13 @@ def _run_program(tmp_path, name, program):
 # Prints the default plan of `rows` sequences of length `len` (innermost, contiguous, aligned) on a
 # device of compute capability `cc` with an H100's SMs, shared memory and (unless `dram` is set)
 # DRAM bandwidth per SM: cc, element size, direction, rows, length, config, chunks (blocks per
-# sequence), tiles per block.
+# sequence), tiles per block. plan_of(...) returns the plan itself.
 _SHOW = r"""
 #include <cstdio>
 #include "linrec/cuda/plan.h"
 using namespace linrec;
 static float dram = 25.4f;  // GB/s per SM: the H100 SXM's 3.35 TB/s over 132 SMs
-static void show(int cc, int elem_size, bool backward, long long rows, long long len) {
+static ScanPlan plan_of(int cc, int elem_size, bool backward, long long rows, long long len) {
   ScanParams p{};
   p.len = len; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows; p.backward = backward;
   alignas(16) static float buf[4];
@@ -36,7 +36,10 @@ static void show(int cc, int elem_size, bool backward, long long rows, long long
   for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
   const DeviceInfo dev{132, cc, 232448, dram};
   bool inapplicable;
-  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  return plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+}
+static void show(int cc, int elem_size, bool backward, long long rows, long long len) {
+  const ScanPlan plan = plan_of(cc, elem_size, backward, rows, len);
   std::printf("%d %d %d %lld %lld %s %lld %lld\n", cc, elem_size, backward ? 1 : 0, rows, len,
               config_name(plan.kind, elem_size, plan.config), static_cast<long long>(plan.num_chunks),
               static_cast<long long>(plan.per_chunk));
@@ -271,19 +274,10 @@ def test_ring_or_stream_defaults(tmp_path):
     assert got == expect + [stream[4]]
 
 
-_PREFETCH_PROGRAM = r"""
-#include <cstdio>
-#include "linrec/cuda/plan.h"
-using namespace linrec;
+_PREFETCH_PROGRAM = _SHOW + r"""
+// config, tiles per block, whether a walking block prefetches its next tile (Hopper)
 static void show(int elem_size, bool backward, long long rows, long long len) {
-  ScanParams p{};
-  p.len = len; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows; p.backward = backward;
-  alignas(16) static float buf[4];
-  for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = 1; p.bstride[s][0] = len; }
-  for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
-  const DeviceInfo dev{132, 9, 232448, 25.4f};
-  bool inapplicable;
-  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  const ScanPlan plan = plan_of(9, elem_size, backward, rows, len);
   std::printf("%s %lld %d\n", config_name(plan.kind, elem_size, plan.config),
               static_cast<long long>(plan.per_chunk), plan.walk_prefetch ? 1 : 0);
 }

@@ -116,7 +116,8 @@ def _same_bits(a, b):
 def test_batch_invariant(reverse, shared_coeffs, dtype):
     """Each row's forward output and gradients have the same bits alone as in any batch, wherever it
     falls: the walk kernel takes rows two at a time (the pair walk: row j with row j + ceil(n/2)),
-    the middle one of an odd number alone, with the same operations in the same order (finite values; compared as bit patterns)."""
+    the middle one of an odd number alone, with the same operations in the same order (finite
+    values; compared as bit patterns)."""
     x, c, gy, h0 = _inputs((7, 1037), -1, dtype, with_initial=True)
     if shared_coeffs:
         c = c[:1].expand(7, 1037)

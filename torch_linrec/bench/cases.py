@@ -5,7 +5,9 @@ dims divided so that the whole job runs in minutes on a few cores) and ``quick``
 tests). A scaled tensor holds 16 MiB (but small-call's 8 MiB), so that ``torch.add``'s three
 tensors (48 MiB) outgrow a server's last-level cache as the scan's forward+backward (eight) does:
 both then stream from memory, as on the GPU. At 4 MiB the add ran from a 32 MiB L3 while the
-forward+backward could not, and the ratio measured the cache (bench/NOTES.md, item 65). ``NL`` cases scan the last dim of an ``(N, L)`` tensor; ``BLD`` cases scan dim 1 of a
+forward+backward could not, and the ratio measured the cache (bench/NOTES.md, item 65).
+
+``NL`` cases scan the last dim of an ``(N, L)`` tensor; ``BLD`` cases scan dim 1 of a
 ``(B, L, D)`` tensor, the Mamba layout. :func:`parse_shape` makes a case of any shape from the main
 job's ``--shapes`` syntax (``16x4194304:fp32``, ``8x4096x4096:bf16:dim=1``, ``1000x3001:fp16:reverse``).
 """

@@ -352,13 +352,10 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
       const bool stream_ok = def.stream >= 0 && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
       const bool walk_many = walk_over_lookback(p, elem_size, dev, def, stream_ok);
       // 1024-step look-back tiles where neither the walk nor the stream kernel suits the rows.
-      const int tile_1024 = backward_lookback_1024(p, elem_size, dev, def, walk_many) ? kTile2B16x64
-                            : !short_stream_rows(p, elem_size, dev, def, stream_ok) ? -1
-                            : p.backward && elem_size == 2                                       ? kTile2B16x64
-                            : elem_size == 2                                                     ? kTile2B32x32
-                                                                                                 : kTile4B8x128;
-      const bool lookback_1024 = tile_1024 >= 0;
-      plan_tile(plan, p, elem_size, dev, tile_1024, def.tile_lookback, def.tile_walk, walk_many);
+      const bool lookback_1024 = backward_lookback_1024(p, elem_size, dev, def, walk_many) ||
+                                 short_stream_rows(p, elem_size, dev, def, stream_ok);
+      const int tile_1024 = elem_size == 4 ? kTile4B8x128 : p.backward ? kTile2B16x64 : kTile2B32x32;
+      plan_tile(plan, p, elem_size, dev, lookback_1024 ? tile_1024 : -1, def.tile_lookback, def.tile_walk, walk_many);
       // The ring instead of one block per tile, once its tiles outnumber its blocks (so that a
       // block's ring has tiles to overlap).
       const bool ring = !lookback_1024 && plan.num_chunks > 1 && def.ring >= 0 &&
