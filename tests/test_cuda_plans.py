@@ -447,8 +447,12 @@ def test_tile_kernel_phase_shift(reverse, dtype, config):
 def test_walk_many_rows_default(reverse, dtype):
     """Many rows (8 per SM of an H100) longer than the longest tile, which the default plan walks
     where the stream kernel cannot take them or they are at most 16 walking tiles long (plan.h,
-    walk_over_lookback): off the 16-byte grid (odd rows, a sliced buffer) and aligned."""
-    for i, (layout, rows, length) in enumerate([("contig", 1056, 4097), ("sliced", 2000, 8193), ("contig", 2000, 6000)]):
+    walk_over_lookback): off the 16-byte grid (odd rows, a sliced buffer) and aligned; 1024-step
+    walking tiles where few rows share an SM, and the 2-byte forward walked from 5 rows per SM
+    (plan.h, walk_tile and walk_min_rows)."""
+    cases = [("contig", 1056, 4097), ("sliced", 2000, 8193), ("contig", 2000, 6000), ("contig", 800, 3001),
+             ("sliced", 700, 4000)]
+    for i, (layout, rows, length) in enumerate(cases):
         x, c, h0 = _phase_inputs(layout, rows, length, dtype, seed=11 + i)
         check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
 

@@ -121,9 +121,10 @@ def test_phase_shift_plans(tmp_path):
     got = _run_program(tmp_path, "phase", _PHASE_PROGRAM)
     streamed = (1 << 0) | (1 << 1) | (1 << 2)  # kIn, kCoeff, kOut
     assert got == [
-        f"tile.e32t128 1 {streamed} 1 1",
-        f"tile.e32t128 0 {streamed} 1 1",
-        f"tile.e32t128 1 {streamed} 1 1",
+        # 7.6 rows per SM: the 2-byte forward walks the 1024-step two-warp tile (plan.h's walk_tile)
+        f"tile.e16t64 1 {streamed} 1 3",
+        f"tile.e16t64 0 {streamed} 1 3",
+        f"tile.e16t64 1 {streamed} 1 3",
         "tile.e8t128 0 0 1 1",
         f"tile.e8t128 1 {streamed} 1 1",
         f"tile.e32t32 1 {streamed} 1 1",
@@ -165,7 +166,10 @@ def test_walking_tile_defaults(tmp_path):
     0.70); longer aligned rows keep the stream kernel on Hopper (float32 1100 x 32768: 1.02 against
     0.86 walked), and walk from 15 rows per SM where there is none (plan.h's walk_over_lookback).
     The 2-byte backward of such rows, fewer than 16 per SM, chains 1024-step look-back tiles instead
-    (plan.h's backward_lookback_1024; bf16 1100 x 8001: 0.60 of a vector add walked, 0.73)."""
+    (plan.h's backward_lookback_1024; bf16 1100 x 8001: 0.60 of a vector add walked, 0.73). On
+    Hopper, rows of more than 2048 steps walk 1024-step tiles where few share an SM (plan.h's
+    walk_tile): the 4-byte backward below 32 rows per SM (float32 3000 x 8001: 0.84 -> 0.93), the
+    2-byte forward at 14-18 (bf16 2000 x 6001: 0.76 -> 0.84)."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "walk", _WALK_PROGRAM)]
     walk = {4: "tile.e8t64", 2: "tile.e16t32"}
     whole = {4: "tile.e8t128", 2: "tile.e32t32"}
@@ -178,8 +182,13 @@ def test_walking_tile_defaults(tmp_path):
             for bwd in (0, 1):
                 # the 2-byte backward of fewer than 16 rows per SM: 1024-step look-back tiles
                 mid = ["tile.e16t64 6 1"] * 2 if (elem, bwd) == (2, 1) else [f"{walk[elem]} 1 12"] * 2
+                odd = f"{walk[elem]} 1 9"
+                if _cc == 9 and (elem, bwd) == (4, 1):  # 1024-step walking tiles below 32 rows per SM
+                    mid, odd = ["tile.e8t128 1 6"] * 2, "tile.e8t128 1 5"
+                elif _cc == 9 and (elem, bwd) == (2, 0):  # and for the 2-byte forward at 14-18 rows per SM
+                    mid = ["tile.e32t32 1 6"] * 2
                 expect += [f"{walk[elem]} 1 2", f"{walk[elem]} 1 4", f"{walk[elem]} 1 1", f"{whole[elem]} 1 1",
-                           f"{short[elem]} 1 1", f"{walk[elem]} 1 9", *mid, long_rows[(_cc, elem)]]
+                           f"{short[elem]} 1 1", odd, *mid, long_rows[(_cc, elem)]]
     assert got == expect
 
 
@@ -283,11 +292,12 @@ static void show(int elem_size, bool backward, long long rows, long long len) {
 }
 int main() {
   for (bool bwd : {false, true}) {
-    show(2, bwd, 1100, 8001);    // 8 one-warp blocks per SM, walked
-    show(2, bwd, 2000, 6000);    // 15
+    show(2, bwd, 1100, 8001);    // KiB of one tensor's tiles per SM: 17 (two-warp 1024-step blocks)
+    show(2, bwd, 2000, 6000);    // 30 (one-warp 1024-step blocks): no prefetch
     show(2, bwd, 3000, 6000);    // 23: no prefetch
     show(2, bwd, 4096, 4097);    // 31: no prefetch
-    show(4, bwd, 1100, 8001);    // 17 warps per SM (two-warp blocks)
+    show(4, bwd, 1100, 2048);    // 17 KiB (two-warp 512-step blocks)
+    show(4, bwd, 1100, 8001);    // longer rows: the 1024-step tile, 33 KiB: no prefetch
     show(4, bwd, 2000, 6000);    // 30: no prefetch
     show(4, bwd, 131072, 1024);  // many-short: no prefetch
     show(4, bwd, 1055, 1024);    // one tile per row: nothing to prefetch
@@ -298,14 +308,16 @@ int main() {
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 def test_walk_prefetch_defaults(tmp_path):
-    """A walking block prefetches its next tile into L2 only with fewer than 18 warps per SM (with
-    more, the prefetches cost bandwidth: bf16 3000 x 6000 forward 0.82 of torch.add without, 0.76
-    with), and only when it walks more than one tile (plan.h's plan_tile)."""
+    """A walking block prefetches its next tile into L2 only with less than 18 KiB of one tensor's
+    tiles per SM (with more, the prefetches cost bandwidth: bf16 3000 x 6000 forward 0.82 of
+    torch.add without, 0.76 with; 2000 x 6000 on one-warp 1024-step tiles 0.84 without, 0.75 with),
+    and only when it walks more than one tile (plan.h's plan_tile)."""
     got = _run_program(tmp_path, "prefetch", _PREFETCH_PROGRAM)
-    fwd = ["tile.e16t32 16 1", "tile.e16t32 12 1", "tile.e16t32 12 0", "tile.e16t32 9 0", "tile.e8t64 16 1",
-           "tile.e8t64 12 0", "tile.e8t64 2 0", "tile.e8t128 1 0"]
-    # the 2-byte backward of 1100 and 2000 rows chains 1024-step look-back tiles (backward_lookback_1024)
-    bwd = ["tile.e16t64 1 0", "tile.e16t64 1 0", *fwd[2:]]
+    fwd = ["tile.e16t64 8 1", "tile.e32t32 6 0", "tile.e16t32 12 0", "tile.e16t32 9 0", "tile.e8t64 4 1",
+           "tile.e8t128 8 0", "tile.e8t64 12 0", "tile.e8t64 2 0", "tile.e8t128 1 0"]
+    # the 2-byte backward of 1100 and 2000 rows chains 1024-step look-back tiles (backward_lookback_1024);
+    # the 4-byte backward walks 1024-step tiles below 32 rows per SM (walk_tile)
+    bwd = ["tile.e16t64 1 0", "tile.e16t64 1 0", *fwd[2:5], "tile.e8t128 8 0", "tile.e8t128 6 0", *fwd[7:]]
     assert got == fwd + bwd
 
 

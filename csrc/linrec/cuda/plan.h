@@ -163,6 +163,34 @@ static_assert(kTileConfigs2B[kTile2B32x32].elems == 32 && kTileConfigs2B[kTile2B
               kTileConfigs2B[kTile2B16x64].elems == 16 && kTileConfigs2B[kTile2B16x64].threads == 64 &&
               kTileConfigs4B[kTile4B8x128].elems == 8 && kTileConfigs4B[kTile4B8x128].threads == 128);
 
+// The tile config of blocks walking rows of more than 2048 steps (the only ones measured) on Hopper
+// when few rows share an SM: a larger tile keeps more bytes in flight per block. H100, ratio to a vector add,
+// 512-step walk -> this tile (bench/NOTES.md item 66):
+// - 2-byte forward, 5 to 14 rows per SM: the 1024-step tile of two warps (bf16 800 x 8001 0.62 ->
+//   0.72, 1100 x 8001 0.67 -> 0.78, 1700 x 6000 0.79 -> 0.85; fp16 1000 x 3001 0.67 -> 0.73);
+// - 2-byte forward, 14 to 18 rows per SM: the 1024-step tile of one warp (bf16 2000 x 6001 0.76 ->
+//   0.84, 2000 x 16385 0.78 -> 0.87); from 20 rows per SM it is no faster;
+// - 4-byte forward, fewer than 9 rows per SM: the 1024-step tile (float32 1100 x 8001 0.79 -> 0.86;
+//   at 11 rows per SM 0.82 -> 0.80);
+// - 4-byte backward, fewer than 32 rows per SM: the same (float32 3000 x 8001 0.84 -> 0.93, 4096 x
+//   4097 0.90 -> 0.92, 1100 x 4097 0.78 -> 0.78).
+// The 2-byte backward of these rows chains look-back tiles instead (backward_lookback_1024).
+inline int walk_tile(const ScanParams& p, int elem_size, const DeviceInfo& dev, int tile_walk) {
+  const int64_t sms = dev.num_sms;
+  if (p.len <= 2048 || dev.cc_major < 9) return tile_walk;
+  if (elem_size == 2 && !p.backward)
+    return p.num_seq < 14 * sms ? kTile2B16x64 : p.num_seq < 18 * sms ? kTile2B32x32 : tile_walk;
+  if (elem_size == 4) return p.num_seq < (p.backward ? 32 : 9) * sms ? kTile4B8x128 : tile_walk;
+  return tile_walk;
+}
+
+// Rows from which plan_tile walks them (with `walk_many`): 8 per SM; on Hopper the 2-byte forward
+// of rows longer than 2048 steps from 5 (walk_tile's two-warp tile; at 3.8 rows per SM one tile or look-back
+// per row stays ahead: fp16 500 x 3001 0.75 against 0.70 walked).
+inline int64_t walk_min_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
+  return (elem_size == 2 && !p.backward && p.len > 2048 && dev.cc_major >= 9 ? 5 : 8) * int64_t(dev.num_sms);
+}
+
 // `walk_many`: with the default config, many rows (8 per SM) walk whatever their tile count, not
 // only when they fill two waves of the longest tile's blocks (walk_over_lookback says where).
 inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config,
@@ -184,7 +212,7 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
   // The look-back is run by a whole warp (full-warp shuffles): a config of fewer threads (the
   // 2-byte 256-step tile) walks its sequences one block each instead.
   const bool whole_warp = tile_config(elem_size, config >= 0 ? config : lookback_default).threads >= 32;
-  const bool walk_default = walk_config >= 0 && L > 256 && p.num_seq >= 8 * int64_t(dev.num_sms);
+  const bool walk_default = walk_config >= 0 && L > 256 && p.num_seq >= walk_min_rows(p, elem_size, dev);
   if (tiles == 1 || p.num_seq >= 2 * resident_blocks || !whole_warp || p.deterministic ||
       (config < 0 && walk_many && walk_default)) {
     // Enough sequences for two waves of blocks: a block walks all tiles of a sequence, the other
@@ -199,13 +227,14 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
       plan.config = kTile2B16x64;
     plan.num_chunks = 1;
     plan.per_chunk = ceil_div(L, tile_config(elem_size, plan.config).tile());
-    // With fewer than 18 warps per SM the walking blocks' own loads leave DRAM idle: each also
-    // prefetches its next tile into L2. With more it costs bandwidth (H100, ratio to torch.add,
-    // forward, without -> with: bf16 1100 x 6000 0.64 -> 0.75 (8 warps per SM), 2000 x 6000 0.73 ->
-    // 0.77 (15), float32 1100 x 8001 0.73 -> 0.78 (17); bf16 3000 x 6000 (23) 0.82 -> 0.76, float32
-    // 2000 x 6000 (30) 0.88 -> 0.78, bf16 131072 x 1024 0.99 -> 0.92; bench/NOTES.md item 65).
-    plan.walk_prefetch = plan.per_chunk > 1 &&
-                         p.num_seq * tile_config(elem_size, plan.config).threads < 18 * 32 * int64_t(dev.num_sms);
+    // With less than 18 KiB of one tensor's tiles per SM (18 warps of the 512-step tiles) the
+    // walking blocks' own loads leave DRAM idle: each also prefetches its next tile into L2. With
+    // more it costs bandwidth (H100, ratio to torch.add, forward, without -> with: bf16 1100 x 6000
+    // 0.64 -> 0.75 (8 KiB), 2000 x 6000 0.73 -> 0.77 (15), float32 1100 x 8001 0.73 -> 0.78 (17);
+    // bf16 3000 x 6000 (23) 0.82 -> 0.76, float32 2000 x 6000 (30) 0.88 -> 0.78, bf16 131072 x 1024
+    // 0.99 -> 0.92; the 1024-step one-warp tile, bf16 2000 x 6000 (30) 0.84 -> 0.75; items 65-66).
+    const TileConfig walked = tile_config(elem_size, plan.config);
+    plan.walk_prefetch = plan.per_chunk > 1 && p.num_seq * walked.tile() * elem_size < 18 * 1024 * int64_t(dev.num_sms);
   } else {
     // Fewer sequences than SMs can hide: one tile per block, the tiles of a sequence chained by
     // look-back (not under deterministic algorithms, see params.h).
@@ -352,10 +381,13 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
       const bool stream_ok = def.stream >= 0 && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
       const bool walk_many = walk_over_lookback(p, elem_size, dev, def, stream_ok);
       // 1024-step look-back tiles where neither the walk nor the stream kernel suits the rows.
+      // (Not for rows plan_tile walks from fewer rows per SM: walk_min_rows.)
+      const bool walks = walk_many && p.num_seq >= walk_min_rows(p, elem_size, dev);
       const bool lookback_1024 = backward_lookback_1024(p, elem_size, dev, def, walk_many) ||
-                                 short_stream_rows(p, elem_size, dev, def, stream_ok);
+                                 (short_stream_rows(p, elem_size, dev, def, stream_ok) && !walks);
       const int tile_1024 = elem_size == 4 ? kTile4B8x128 : p.backward ? kTile2B16x64 : kTile2B32x32;
-      plan_tile(plan, p, elem_size, dev, lookback_1024 ? tile_1024 : -1, def.tile_lookback, def.tile_walk, walk_many);
+      plan_tile(plan, p, elem_size, dev, lookback_1024 ? tile_1024 : -1, def.tile_lookback,
+                walk_tile(p, elem_size, dev, def.tile_walk), walk_many);
       // The ring instead of one block per tile, once its tiles outnumber its blocks (so that a
       // block's ring has tiles to overlap).
       const bool ring = !lookback_1024 && plan.num_chunks > 1 && def.ring >= 0 &&
