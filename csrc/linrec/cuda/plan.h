@@ -185,8 +185,8 @@ inline int walk_tile(const ScanParams& p, int elem_size, const DeviceInfo& dev, 
 }
 
 // Rows from which plan_tile walks them (with `walk_many`): 8 per SM; on Hopper the 2-byte forward
-// of rows longer than 2048 steps from 5 (walk_tile's two-warp tile; at 3.8 rows per SM one tile or look-back
-// per row stays ahead: fp16 500 x 3001 0.75 against 0.70 walked).
+// of rows longer than 2048 steps from 5 (walk_tile's two-warp tile; at 3.8 rows per SM one tile
+// or look-back tiles per row stay ahead: fp16 500 x 3001 0.75 against 0.70 walked).
 inline int64_t walk_min_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
   return (elem_size == 2 && !p.backward && p.len > 2048 && dev.cc_major >= 9 ? 5 : 8) * int64_t(dev.num_sms);
 }
