@@ -164,8 +164,8 @@ static_assert(kTileConfigs2B[kTile2B32x32].elems == 32 && kTileConfigs2B[kTile2B
               kTileConfigs4B[kTile4B8x128].elems == 8 && kTileConfigs4B[kTile4B8x128].threads == 128);
 
 // The tile config of blocks walking rows of more than 2048 steps (the only ones measured) on Hopper
-// when few rows share an SM: a larger tile keeps more bytes in flight per block. H100, ratio to a vector add,
-// 512-step walk -> this tile (bench/NOTES.md item 66):
+// when few rows share an SM: a larger tile keeps more bytes in flight per block. H100, ratio to a
+// vector add, 512-step walk -> this tile (bench/NOTES.md item 66):
 // - 2-byte forward, 5 to 14 rows per SM: the 1024-step tile of two warps (bf16 800 x 8001 0.62 ->
 //   0.72, 1100 x 8001 0.67 -> 0.78, 1700 x 6000 0.79 -> 0.85; fp16 1000 x 3001 0.67 -> 0.73);
 // - 2-byte forward, 14 to 18 rows per SM: the 1024-step tile of one warp (bf16 2000 x 6001 0.76 ->
