@@ -192,6 +192,31 @@ def test_walking_tile_defaults(tmp_path):
     assert got == expect
 
 
+_ROWS_PER_SM_PROGRAM = _SHOW + r"""
+int main() {
+  for (long long rows : {1100, 2000, 3000, 4096}) show(9, 4, false, rows, 8001);  // 8.3, 15.2, 22.7, 31 per SM
+  for (float d : {25.4f, 37.f}) {  // H100, H200
+    dram = d;
+    show(9, 2, false, 600, 8000);  // 4.5 rows per SM
+    show(9, 2, false, 500, 3001);  // 3.8
+  }
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_walk_rules_by_rows_per_sm(tmp_path):
+    """float32 forward rows of more than 2048 steps walk the 1024-step tile below 9 and from 18 to 28
+    rows per SM, the 512-step tile between and above (3000 x 8001: 0.81 -> 0.88 of torch.add on the
+    H100, 0.75 -> 0.82 on the H200); the 2-byte forward walks from 5 rows per SM, from 4 where DRAM
+    gives each SM more than 30 GB/s (H200: bf16 600 x 6000 0.57 -> 0.68; plan.h's walk_tile and
+    walk_min_rows)."""
+    got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "rows", _ROWS_PER_SM_PROGRAM)]
+    assert got == ["tile.e8t128 1 8", "tile.e8t64 1 16", "tile.e8t128 1 8", "tile.e8t64 1 16",
+                   "tile.e32t32 8 1", "tile.e32t128 1 1",  # H100: 1024-step look-back tiles, one tile per row
+                   "tile.e16t64 1 8", "tile.e32t128 1 1"]   # H200: 4.5 rows per SM walk
+
+
 _CHANNEL_PROGRAM = _SHOW + r"""
 // (B, L, D) contiguous, scanned along L: the channel kernel's layout on an H100.
 static void show_bld(int elem_size, bool backward, long long B, long long L, long long D) {
@@ -302,6 +327,12 @@ int main() {
     show(4, bwd, 131072, 1024);  // many-short: no prefetch
     show(4, bwd, 1055, 1024);    // one tile per row: nothing to prefetch
   }
+  dram = 37.f;  // an H200: below 25 KiB per SM
+  show(2, false, 2600, 6000);    // 20
+  show(2, false, 3000, 6000);    // 23
+  show(2, false, 3300, 6000);    // 25: no prefetch
+  show(4, false, 1500, 8001);    // 23
+  show(4, false, 2000, 8001);    // 30: no prefetch
 }
 """
 
@@ -311,14 +342,17 @@ def test_walk_prefetch_defaults(tmp_path):
     """A walking block prefetches its next tile into L2 only with less than 18 KiB of one tensor's
     tiles per SM (with more, the prefetches cost bandwidth: bf16 3000 x 6000 forward 0.82 of
     torch.add without, 0.76 with; 2000 x 6000 on one-warp 1024-step tiles 0.84 without, 0.75 with),
-    and only when it walks more than one tile (plan.h's plan_tile)."""
+    and only when it walks more than one tile (plan.h's plan_tile); below 25 KiB where DRAM gives each
+    SM more than 30 GB/s (H200: bf16 2600 x 6000 0.71 without, 0.79 with; float32 2000 x 8001, 30 KiB,
+    0.83 without, 0.79 with)."""
     got = _run_program(tmp_path, "prefetch", _PREFETCH_PROGRAM)
     fwd = ["tile.e16t64 8 1", "tile.e32t32 6 0", "tile.e16t32 12 0", "tile.e16t32 9 0", "tile.e8t64 4 1",
            "tile.e8t128 8 0", "tile.e8t64 12 0", "tile.e8t64 2 0", "tile.e8t128 1 0"]
     # the 2-byte backward of 1100 and 2000 rows chains 1024-step look-back tiles (backward_lookback_1024);
     # the 4-byte backward walks 1024-step tiles below 32 rows per SM (walk_tile)
     bwd = ["tile.e16t64 1 0", "tile.e16t64 1 0", *fwd[2:5], "tile.e8t128 8 0", "tile.e8t128 6 0", *fwd[7:]]
-    assert got == fwd + bwd
+    h200 = ["tile.e16t32 12 1", "tile.e16t32 12 1", "tile.e16t32 12 0", "tile.e8t64 16 1", "tile.e8t64 16 0"]
+    assert got == fwd + bwd + h200
 
 
 _SHORT_STREAM_PROGRAM = _SHOW + r"""

@@ -171,7 +171,8 @@ static_assert(kTileConfigs2B[kTile2B32x32].elems == 32 && kTileConfigs2B[kTile2B
 // - 2-byte forward, 14 to 18 rows per SM: the 1024-step tile of one warp (bf16 2000 x 6001 0.76 ->
 //   0.84, 2000 x 16385 0.78 -> 0.87); from 20 rows per SM it is no faster;
 // - 4-byte forward, fewer than 9 rows per SM: the 1024-step tile (float32 1100 x 8001 0.79 -> 0.86;
-//   at 11 rows per SM 0.82 -> 0.80);
+//   at 11 rows per SM 0.82 -> 0.80), and from 18 to 28 (3000 x 8001 0.81 -> 0.88, H200 0.75 -> 0.82;
+//   at 15 rows per SM 0.88 -> 0.88, H200 0.83 -> 0.81; at 31 0.90 -> 0.90);
 // - 4-byte backward, fewer than 32 rows per SM: the same (float32 3000 x 8001 0.84 -> 0.93, 4096 x
 //   4097 0.90 -> 0.92, 1100 x 4097 0.78 -> 0.78).
 // The 2-byte backward of these rows chains look-back tiles instead (backward_lookback_1024).
@@ -180,15 +181,21 @@ inline int walk_tile(const ScanParams& p, int elem_size, const DeviceInfo& dev, 
   if (p.len <= 2048 || dev.cc_major < 9) return tile_walk;
   if (elem_size == 2 && !p.backward)
     return p.num_seq < 14 * sms ? kTile2B16x64 : p.num_seq < 18 * sms ? kTile2B32x32 : tile_walk;
-  if (elem_size == 4) return p.num_seq < (p.backward ? 32 : 9) * sms ? kTile4B8x128 : tile_walk;
+  if (elem_size == 4 && p.backward) return p.num_seq < 32 * sms ? kTile4B8x128 : tile_walk;
+  if (elem_size == 4)
+    return p.num_seq < 9 * sms || (p.num_seq >= 18 * sms && p.num_seq < 28 * sms) ? kTile4B8x128 : tile_walk;
   return tile_walk;
 }
 
 // Rows from which plan_tile walks them (with `walk_many`): 8 per SM; on Hopper the 2-byte forward
 // of rows longer than 2048 steps from 5 (walk_tile's two-warp tile; at 3.8 rows per SM one tile
-// or look-back tiles per row stay ahead: fp16 500 x 3001 0.75 against 0.70 walked).
+// or look-back tiles per row stay ahead: fp16 500 x 3001 0.75 against 0.70 walked), from 4 where
+// DRAM gives each SM more than 30 GB/s (H200: 37; bf16 600 x 6000 0.57 -> 0.68, 600 x 8001 0.52
+// -> 0.58; fp16 500 x 3001 level; item 67).
 inline int64_t walk_min_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
-  return (elem_size == 2 && !p.backward && p.len > 2048 && dev.cc_major >= 9 ? 5 : 8) * int64_t(dev.num_sms);
+  if (elem_size == 2 && !p.backward && p.len > 2048 && dev.cc_major >= 9)
+    return (dev.dram_gbps_per_sm > 30.f ? 4 : 5) * int64_t(dev.num_sms);
+  return 8 * int64_t(dev.num_sms);
 }
 
 // `walk_many`: with the default config, many rows (8 per SM) walk whatever their tile count, not
@@ -233,8 +240,13 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
     // 0.64 -> 0.75 (8 KiB), 2000 x 6000 0.73 -> 0.77 (15), float32 1100 x 8001 0.73 -> 0.78 (17);
     // bf16 3000 x 6000 (23) 0.82 -> 0.76, float32 2000 x 6000 (30) 0.88 -> 0.78, bf16 131072 x 1024
     // 0.99 -> 0.92; the 1024-step one-warp tile, bf16 2000 x 6000 (30) 0.84 -> 0.75; items 65-66).
+    // Where DRAM gives each SM more than 30 GB/s the bound is 25 KiB (H200: bf16 2600 x 6000 (20)
+    // 0.71 -> 0.79, 1400 x 8001 (22) 0.67 -> 0.71, float32 1500 x 8001 (23) 0.76 -> 0.81; bf16 3200
+    // x 6000 (25) level, float32 2000 x 8001 (30) 0.83 -> 0.79; item 67).
     const TileConfig walked = tile_config(elem_size, plan.config);
-    plan.walk_prefetch = plan.per_chunk > 1 && p.num_seq * walked.tile() * elem_size < 18 * 1024 * int64_t(dev.num_sms);
+    const int64_t prefetch_kib = dev.dram_gbps_per_sm > 30.f ? 25 : 18;
+    plan.walk_prefetch =
+        plan.per_chunk > 1 && p.num_seq * walked.tile() * elem_size < prefetch_kib * 1024 * int64_t(dev.num_sms);
   } else {
     // Fewer sequences than SMs can hide: one tile per block, the tiles of a sequence chained by
     // look-back (not under deterministic algorithms, see params.h).
