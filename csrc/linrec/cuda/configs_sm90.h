@@ -15,6 +15,10 @@ struct ScanDefaults {
   int channel_pipe[2];  // channel configs whose blocks walk L (enough channel blocks): the first that may, or -1
 };
 
+// Peak DRAM bandwidth per SM above which a Hopper device's kernels need more bytes in flight per SM
+// than the H100 SXM's (25.4 GB/s per SM) plans keep: the H200 has 37.
+constexpr float kFastDramGbpsPerSm = 30.f;
+
 // dram_gbps_per_sm: the device's peak DRAM bandwidth per SM (0: unknown).
 inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width, float dram_gbps_per_sm) {
   ScanDefaults d{};
@@ -44,8 +48,8 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
   // 0.030 vs 0.019 ms, 128 x 2^16 0.051 vs 0.043, 1024 x 2^16 0.29 vs 0.28). Not the 2-byte
   // backward (128 x 2^20: 0.55 vs 0.50 ms), nor where each SM gets more (H200: 37) than the ring
   // moves per SM (~23, item 41).
-  d.ring_over_stream_len =
-      dram_gbps_per_sm > 0.f && dram_gbps_per_sm <= 30.f && !(elem_size == 2 && backward) ? int64_t(1) << 18 : 0;
+  const bool ring_dram = dram_gbps_per_sm > 0.f && dram_gbps_per_sm <= kFastDramGbpsPerSm;
+  d.ring_over_stream_len = ring_dram && !(elem_size == 2 && backward) ? int64_t(1) << 18 : 0;
   // Channel groups by what measured fastest (bench/NOTES.md item 23): 16 steps of pairs for the
   // 4-byte forward (mamba-BLD 0.96 of torch.add vs 0.94 with 4 channels), 16 steps of 4 channels
   // for the 2-byte forward (bf16 mamba-BLD 0.84 vs 0.73 with 8, 0.59 with pairs); pairs for the

@@ -194,7 +194,7 @@ inline int walk_tile(const ScanParams& p, int elem_size, const DeviceInfo& dev, 
 // -> 0.58; fp16 500 x 3001 level; item 67).
 inline int64_t walk_min_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
   if (elem_size == 2 && !p.backward && p.len > 2048 && dev.cc_major >= 9)
-    return (dev.dram_gbps_per_sm > 30.f ? 4 : 5) * int64_t(dev.num_sms);
+    return (dev.dram_gbps_per_sm > kFastDramGbpsPerSm ? 4 : 5) * int64_t(dev.num_sms);
   return 8 * int64_t(dev.num_sms);
 }
 
@@ -244,7 +244,7 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
     // 0.71 -> 0.79, 1400 x 8001 (22) 0.67 -> 0.71, float32 1500 x 8001 (23) 0.76 -> 0.81; bf16 3200
     // x 6000 (25) level, float32 2000 x 8001 (30) 0.83 -> 0.79; item 67).
     const TileConfig walked = tile_config(elem_size, plan.config);
-    const int64_t prefetch_kib = dev.dram_gbps_per_sm > 30.f ? 25 : 18;
+    const int64_t prefetch_kib = dev.dram_gbps_per_sm > kFastDramGbpsPerSm ? 25 : 18;
     plan.walk_prefetch =
         plan.per_chunk > 1 && p.num_seq * walked.tile() * elem_size < prefetch_kib * 1024 * int64_t(dev.num_sms);
   } else {
