@@ -107,13 +107,13 @@ namespace ring {
 __device__ __forceinline__ void arrive(uint64_t* bar) {
   cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar);
 }
-__device__ __forceinline__ void wait(uint64_t* bar, int64_t use) {
+__device__ __forceinline__ void wait(uint64_t* bar, uint32_t use) {
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, static_cast<uint32_t>(use & 1))) {
   }
 }
 // Whether the phase of `use` has completed, the same answer on every lane (lane 0 asks; the
 // others then wait, which returns at once, for their own acquire of the slot's data).
-__device__ __forceinline__ bool warp_test(uint64_t* bar, int64_t use) {
+__device__ __forceinline__ bool warp_test(uint64_t* bar, uint32_t use) {
   const int lane = threadIdx.x & 31;
   bool ok = lane == 0 && cuda::ptx::mbarrier_test_wait_parity(bar, static_cast<uint32_t>(use & 1));
   ok = __shfl_sync(0xffffffffu, ok, 0);
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
 
   if (warp == R::kWarps) {  // producer
     if (lane != 0) return;
-    for (int64_t i = 0;; ++i) {
+    for (uint32_t i = 0;; ++i) {
       const int s = static_cast<int>(i % SLOTS);
       ring::wait(&free_slot[s], i / SLOTS + 1);  // the first use of each slot passes at once
       const int64_t vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   }
 
   if (warp == R::kWarps + 1) {  // look-back
-    for (int64_t i = 0;; ++i) {
+    for (uint32_t i = 0;; ++i) {
       const int s = static_cast<int>(i % SLOTS);
       ring::wait(&reduced[s], i / SLOTS);
       const RingSlotInfo<T>& in = info[s];
@@ -206,7 +206,10 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   // first). Each warp goes at its own pace (no barrier between consumer warps): it scans its
   // lanes' maps and leaves its total, and the tile's last warp to do so composes the totals and
   // hands the tile's aggregate to the look-back warp.
-  int64_t next_reduce = 0, next_replay = 0;
+  // A block's tile counters are 32-bit (a block takes far fewer than 2^32 tiles): the slot index
+  // and phase are worked out on every poll, and 64-bit division by SLOTS there cost the H200's
+  // issue-bound consumers 3-6% (bench/NOTES.md item 67).
+  uint32_t next_reduce = 0, next_replay = 0;
   bool claimed_all = false;
   while (!claimed_all || next_replay < next_reduce) {
     if (!claimed_all) {

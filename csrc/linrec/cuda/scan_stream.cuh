@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
   if (threadIdx.x < kNumSlots) s_off[threadIdx.x] = SeqIndex(p, blockIdx.x).offset(p, threadIdx.x);
   __syncthreads();
   const SeqTensors<T> s(p, s_off);
-  auto region = [&](int64_t k) { return staged + (k % STAGES) * S::kStreams * S::kRegion; };
+  // (tile counters taken 32-bit for the stage arithmetic: a sequence has far fewer than 2^32 tiles)
+  auto region = [&](int64_t k) { return staged + (static_cast<uint32_t>(k) % STAGES) * S::kStreams * S::kRegion; };
   // Thread 0: global destinations of the outputs staged in outbuf by the previous tile (null: none).
   T* pending[S::kOuts] = {};
   auto store_pending = [&](int buf) {
@@ -217,8 +218,8 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
 
   float carry = kBackward ? 0.f : s.init;
   for (int64_t it = 0; it < num_tiles; ++it) {
-    const int st = static_cast<int>(it % STAGES), buf = static_cast<int>(it & 1);
-    while (!cuda::ptx::mbarrier_try_wait_parity(&bar[st], static_cast<uint32_t>((it / STAGES) & 1))) {
+    const int st = static_cast<int>(static_cast<uint32_t>(it) % STAGES), buf = static_cast<int>(it & 1);
+    while (!cuda::ptx::mbarrier_try_wait_parity(&bar[st], (static_cast<uint32_t>(it) / STAGES) & 1)) {
     }
     const int64_t t0 = it * S::kTile;
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
