@@ -108,14 +108,14 @@ __device__ __forceinline__ void arrive(uint64_t* bar) {
   cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar);
 }
 __device__ __forceinline__ void wait(uint64_t* bar, uint32_t use) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(bar, static_cast<uint32_t>(use & 1))) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, use & 1u)) {
   }
 }
 // Whether the phase of `use` has completed, the same answer on every lane (lane 0 asks; the
 // others then wait, which returns at once, for their own acquire of the slot's data).
 __device__ __forceinline__ bool warp_test(uint64_t* bar, uint32_t use) {
   const int lane = threadIdx.x & 31;
-  bool ok = lane == 0 && cuda::ptx::mbarrier_test_wait_parity(bar, static_cast<uint32_t>(use & 1));
+  bool ok = lane == 0 && cuda::ptx::mbarrier_test_wait_parity(bar, use & 1u);
   ok = __shfl_sync(0xffffffffu, ok, 0);
   if (ok) wait(bar, use);
   return ok;
