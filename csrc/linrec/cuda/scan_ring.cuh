@@ -73,7 +73,9 @@ struct RingLayout {
   unsigned* arrivals;   // [SLOTS] (8 bytes reserved each): warps that have reduced the slot's tile
 
   __device__ __forceinline__ explicit RingLayout(unsigned char* raw) {
-    unsigned char* at = raw + (-reinterpret_cast<uintptr_t>(raw) & 127);
+    // (the padding from the shared-space address: from the generic one, every rematerialized
+    // pointer reads the shared window's base again)
+    unsigned char* at = raw + (0u - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 127u);
     auto take = [&](size_t bytes) {
       unsigned char* p = at;
       at += bytes;
@@ -104,21 +106,39 @@ __device__ __forceinline__ void warp_inclusive_scan(Affine& inc) {
 }
 
 namespace ring {
-__device__ __forceinline__ void arrive(uint64_t* bar) {
-  cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar);
+// The mbarriers by their 32-bit shared-space addresses (the cuda::ptx wrappers take generic
+// pointers, converted again at every poll).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void wait(uint64_t* bar, uint32_t use) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(bar, use & 1u)) {
-  }
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}" ::"r"(bar) : "memory");
 }
-// Whether the phase of `use` has completed, the same answer on every lane (lane 0 asks; the
-// others then wait, which returns at once, for their own acquire of the slot's data).
-__device__ __forceinline__ bool warp_test(uint64_t* bar, uint32_t use) {
-  const int lane = threadIdx.x & 31;
-  bool ok = lane == 0 && cuda::ptx::mbarrier_test_wait_parity(bar, use & 1u);
-  ok = __shfl_sync(0xffffffffu, ok, 0);
-  if (ok) wait(bar, use);
-  return ok;
+__device__ __forceinline__ bool test(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+// Blocks until the phase of parity `parity` has completed (try_wait suspends the thread for a
+// while rather than spinning).
+__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!ok);
+}
+// Whether the phase has completed, for the whole warp: each lane's test is its own acquire, and
+// the warp goes on only if every lane saw it (else all poll again).
+__device__ __forceinline__ bool warp_test(uint32_t bar, uint32_t parity) {
+  return __all_sync(0xffffffffu, test(bar, parity));
 }
 // Counts one warp's arrival at a slot (release of its total, acquire of the others'); true for the
 // last of `warps`, which resets the count for the slot's next tile.
@@ -127,6 +147,17 @@ __device__ __forceinline__ bool last_arrival(unsigned* count, unsigned warps) {
   if (a.fetch_add(1u, cuda::memory_order_acq_rel) != warps - 1) return false;
   a.store(0u, cuda::memory_order_relaxed);
   return true;
+}
+// A block's n-th tile (counters are 32-bit: a block takes far fewer than 2^32 tiles): its slot and
+// the parity of the slot's use. (Kept as counts alone: cursors with the slot and parity in
+// registers made the 2-byte 512-thread backward spill.)
+template <int SLOTS>
+__device__ __forceinline__ uint32_t slot_of(uint32_t n) {
+  return n % SLOTS;
+}
+template <int SLOTS>
+__device__ __forceinline__ uint32_t parity_of(uint32_t n) {
+  return n / SLOTS & 1u;
 }
 }  // namespace ring
 
@@ -140,18 +171,19 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   const RingLayout<T, E, NT, SLOTS, kBackward> sh(smem_raw);
   T* const staged = sh.staged;
   RingSlotInfo<T>* const info = sh.info;
-  uint64_t *const full = sh.full, *const reduced = sh.reduced, *const prefix_ready = sh.prefix_ready,
-                  *const free_slot = sh.free_slot;
+  // the slots' mbarriers (RingLayout puts the four arrays one after another)
+  const uint32_t full = ring::smem_u32(sh.full), reduced = ring::smem_u32(sh.reduced),
+                 prefix_ready = ring::smem_u32(sh.prefix_ready), free_slot = ring::smem_u32(sh.free_slot);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t L = p.len, num_tiles = p.num_seq * args.num_chunks;
   args.lb.clean_up();
   if (threadIdx.x == 0) {
     for (int s = 0; s < SLOTS; ++s) {
-      cuda::ptx::mbarrier_init(&full[s], 1);
-      cuda::ptx::mbarrier_init(&reduced[s], 1);
-      cuda::ptx::mbarrier_init(&prefix_ready[s], 1);
-      cuda::ptx::mbarrier_init(&free_slot[s], R::kWarps);
+      cuda::ptx::mbarrier_init(&sh.full[s], 1);
+      cuda::ptx::mbarrier_init(&sh.reduced[s], 1);
+      cuda::ptx::mbarrier_init(&sh.prefix_ready[s], 1);
+      cuda::ptx::mbarrier_init(&sh.free_slot[s], R::kWarps);
       sh.arrivals[s] = 0;
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
@@ -161,13 +193,13 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   if (warp == R::kWarps) {  // producer
     if (lane != 0) return;
     for (uint32_t i = 0;; ++i) {
-      const int s = static_cast<int>(i % SLOTS);
-      ring::wait(&free_slot[s], i / SLOTS + 1);  // the first use of each slot passes at once
+      const int s = static_cast<int>(ring::slot_of<SLOTS>(i));
+      ring::wait(free_slot + 8 * s, ring::parity_of<SLOTS>(i) ^ 1u);  // the first use of each slot passes at once
       const int64_t vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
       RingSlotInfo<T>& in = info[s];
       if (vid >= num_tiles) {
         in.vid = -1;
-        ring::arrive(&full[s]);
+        ring::arrive(full + 8 * s);
         return;
       }
       const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
@@ -179,14 +211,14 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       const bool needs_init = kBackward ? chunk == args.num_chunks - 1 : chunk == 0;
       const SeqTensors<T> st(p, off, needs_init);
       *reinterpret_cast<SeqTensors<T>*>(in.tensors_bytes) = st;
-      stage_tile<T, E, NT, SLOTS, kBackward>(st, L, chunk * S::kTile, staged + s * R::kSlotElems, &full[s]);
+      stage_tile<T, E, NT, SLOTS, kBackward>(st, L, chunk * S::kTile, staged + s * R::kSlotElems, &sh.full[s]);
     }
   }
 
   if (warp == R::kWarps + 1) {  // look-back
     for (uint32_t i = 0;; ++i) {
-      const int s = static_cast<int>(i % SLOTS);
-      ring::wait(&reduced[s], i / SLOTS);
+      const int s = static_cast<int>(ring::slot_of<SLOTS>(i));
+      ring::wait(reduced + 8 * s, ring::parity_of<SLOTS>(i));
       const RingSlotInfo<T>& in = info[s];
       if (in.vid < 0) return;
       const float h = in.chunk == 0 ? (kBackward ? 0.f : in.tensors().init)
@@ -194,7 +226,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       if (lane == 0) {
         if (in.chunk + 1 < args.num_chunks) args.lb.publish_inclusive(in.vid, fmaf(sh.tile_agg[s].a, h, sh.tile_agg[s].b));
         sh.tile_prefix[s] = h;
-        ring::arrive(&prefix_ready[s]);
+        ring::arrive(prefix_ready + 8 * s);
       }
       __syncwarp();
     }
@@ -206,55 +238,70 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   // first). Each warp goes at its own pace (no barrier between consumer warps): it scans its
   // lanes' maps and leaves its total, and the tile's last warp to do so composes the totals and
   // hands the tile's aggregate to the look-back warp.
-  // A block's tile counters are 32-bit (a block takes far fewer than 2^32 tiles): the slot index
-  // and phase are worked out on every poll, and 64-bit division by SLOTS there cost the H200's
-  // issue-bound consumers 3-6% (bench/NOTES.md item 67).
+  // The warp polls both events only while both can happen; when one cannot, it blocks in try_wait
+  // on the other. Polls were ~40% of the consumers' instructions (ncu, H200; bench/NOTES.md item 68).
   uint32_t next_reduce = 0, next_replay = 0;
   bool claimed_all = false;
-  while (!claimed_all || next_replay < next_reduce) {
-    if (!claimed_all) {
-      const int s = static_cast<int>(next_reduce % SLOTS);
-      if (ring::warp_test(&full[s], next_reduce / SLOTS)) {
-        const RingSlotInfo<T>& in = info[s];
-        if (in.vid < 0) {
-          claimed_all = true;
-          if (threadIdx.x == 0) ring::arrive(&reduced[s]);  // ends the look-back warp
-          continue;
-        }
-        float v[E], c[E], yn[E];
-        load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, in.tensors(), L,
-                                                                   in.chunk * S::kTile, args.vec_mask, v, c, yn);
-        Affine inc = reduce_steps<E>(v, c);
-        warp_inclusive_scan(inc);
-        const float ea = __shfl_up_sync(0xffffffffu, inc.a, 1), eb = __shfl_up_sync(0xffffffffu, inc.b, 1);
-        sh.thread_prefix[s * NT + threadIdx.x] = lane == 0 ? Affine{1.f, 0.f} : Affine{ea, eb};
-        Affine* const totals = sh.warp_totals + s * R::kWarps;
-        bool last = false;
-        if (lane == 31) {
-          totals[warp] = inc;
-          last = ring::last_arrival(&sh.arrivals[s], R::kWarps);
-        }
-        ++next_reduce;
-        if (!__shfl_sync(0xffffffffu, last, 31)) continue;
-        __syncwarp();  // lane 31's acquire of the other warps' totals orders the lanes' reads below
-        // Lane w < kWarps takes warp w's total; their scan gives each warp the map before the next one
-        // and the tile's aggregate.
-        Affine t = lane < R::kWarps ? totals[lane] : Affine{1.f, 0.f};
-        warp_inclusive_scan(t);
-        if (lane < R::kWarps) totals[lane] = t;
-        const Affine all{__shfl_sync(0xffffffffu, t.a, R::kWarps - 1), __shfl_sync(0xffffffffu, t.b, R::kWarps - 1)};
-        __syncwarp();  // the composed totals are written before lane 0's release on `reduced`
-        if (lane == 0) {
-          if (in.chunk > 0) args.lb.publish_aggregate(in.vid, all);
-          sh.tile_agg[s] = all;
-          ring::arrive(&reduced[s]);
-        }
+  for (;;) {
+    const bool can_replay = next_replay != next_reduce;
+    // The next tile's slot is refilled only once every warp, this one too, has replayed its last tile.
+    const bool can_reduce = !claimed_all && next_reduce - next_replay < SLOTS;
+    const uint32_t full_bar = full + 8 * ring::slot_of<SLOTS>(next_reduce), full_parity = ring::parity_of<SLOTS>(next_reduce);
+    const uint32_t prefix_bar = prefix_ready + 8 * ring::slot_of<SLOTS>(next_replay),
+                   prefix_parity = ring::parity_of<SLOTS>(next_replay);
+    bool reduce;
+    if (can_reduce && can_replay) {
+      if (ring::warp_test(full_bar, full_parity)) reduce = true;
+      else if (ring::warp_test(prefix_bar, prefix_parity)) reduce = false;
+      else continue;
+    } else if (can_reduce) {
+      ring::wait(full_bar, full_parity);
+      reduce = true;
+    } else if (can_replay) {
+      ring::wait(prefix_bar, prefix_parity);
+      reduce = false;
+    } else {
+      break;
+    }
+    if (reduce) {
+      const int s = static_cast<int>(ring::slot_of<SLOTS>(next_reduce));
+      const RingSlotInfo<T>& in = info[s];
+      if (in.vid < 0) {
+        claimed_all = true;
+        if (threadIdx.x == 0) ring::arrive(reduced + 8 * s);  // ends the look-back warp
         continue;
       }
+      float v[E], c[E], yn[E];
+      load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, in.tensors(), L,
+                                                                 in.chunk * S::kTile, args.vec_mask, v, c, yn);
+      Affine inc = reduce_steps<E>(v, c);
+      warp_inclusive_scan(inc);
+      const float ea = __shfl_up_sync(0xffffffffu, inc.a, 1), eb = __shfl_up_sync(0xffffffffu, inc.b, 1);
+      sh.thread_prefix[s * NT + threadIdx.x] = lane == 0 ? Affine{1.f, 0.f} : Affine{ea, eb};
+      Affine* const totals = sh.warp_totals + s * R::kWarps;
+      bool last = false;
+      if (lane == 31) {
+        totals[warp] = inc;
+        last = ring::last_arrival(&sh.arrivals[s], R::kWarps);
+      }
+      ++next_reduce;
+      if (!__shfl_sync(0xffffffffu, last, 31)) continue;
+      __syncwarp();  // lane 31's acquire of the other warps' totals orders the lanes' reads below
+      // Lane w < kWarps takes warp w's total; their scan gives each warp the map before the next one
+      // and the tile's aggregate.
+      Affine t = lane < R::kWarps ? totals[lane] : Affine{1.f, 0.f};
+      warp_inclusive_scan(t);
+      if (lane < R::kWarps) totals[lane] = t;
+      const Affine all{__shfl_sync(0xffffffffu, t.a, R::kWarps - 1), __shfl_sync(0xffffffffu, t.b, R::kWarps - 1)};
+      __syncwarp();  // the composed totals are written before lane 0's release on `reduced`
+      if (lane == 0) {
+        if (in.chunk > 0) args.lb.publish_aggregate(in.vid, all);
+        sh.tile_agg[s] = all;
+        ring::arrive(reduced + 8 * s);
+      }
+      continue;
     }
-    if (next_replay == next_reduce) continue;
-    const int s = static_cast<int>(next_replay % SLOTS);
-    if (!ring::warp_test(&prefix_ready[s], next_replay / SLOTS)) continue;
+    const int s = static_cast<int>(ring::slot_of<SLOTS>(next_replay));
     const RingSlotInfo<T>& in = info[s];
     const SeqTensors<T>& st = in.tensors();
     const int64_t t0 = in.chunk * S::kTile;
@@ -294,7 +341,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
     // have read it).
     if (!kBackward && via_slot) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
     __syncwarp();
-    if (lane == 0) ring::arrive(&free_slot[s]);
+    if (lane == 0) ring::arrive(free_slot + 8 * s);
     ++next_replay;
   }
   if (kBackward && lane == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});  // the warp's output stores
