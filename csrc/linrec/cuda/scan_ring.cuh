@@ -251,9 +251,17 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
                    prefix_parity = ring::parity_of<SLOTS>(next_replay);
     bool reduce;
     if (can_reduce && can_replay) {
-      if (ring::warp_test(full_bar, full_parity)) reduce = true;
-      else if (ring::warp_test(prefix_bar, prefix_parity)) reduce = false;
-      else continue;
+      // (an inner loop: the addresses above are not worked out again at every poll)
+      for (;;) {
+        if (ring::warp_test(full_bar, full_parity)) {
+          reduce = true;
+          break;
+        }
+        if (ring::warp_test(prefix_bar, prefix_parity)) {
+          reduce = false;
+          break;
+        }
+      }
     } else if (can_reduce) {
       ring::wait(full_bar, full_parity);
       reduce = true;
