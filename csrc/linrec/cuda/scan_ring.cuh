@@ -73,9 +73,7 @@ struct RingLayout {
   unsigned* arrivals;   // [SLOTS] (8 bytes reserved each): warps that have reduced the slot's tile
 
   __device__ __forceinline__ explicit RingLayout(unsigned char* raw) {
-    // (the padding from the shared-space address: from the generic one, every rematerialized
-    // pointer reads the shared window's base again)
-    unsigned char* at = raw + (0u - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 127u);
+    unsigned char* at = smem_align128(raw);
     auto take = [&](size_t bytes) {
       unsigned char* p = at;
       at += bytes;
@@ -171,7 +169,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   const RingLayout<T, E, NT, SLOTS, kBackward> sh(smem_raw);
   T* const staged = sh.staged;
   RingSlotInfo<T>* const info = sh.info;
-  // the slots' mbarriers (RingLayout puts the four arrays one after another)
+  // the slots' mbarriers by their shared-space addresses (slot s at + 8 s)
   const uint32_t full = ring::smem_u32(sh.full), reduced = ring::smem_u32(sh.reduced),
                  prefix_ready = ring::smem_u32(sh.prefix_ready), free_slot = ring::smem_u32(sh.free_slot);
 

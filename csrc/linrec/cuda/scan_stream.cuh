@@ -42,6 +42,13 @@ struct StreamArgs {
   unsigned bulk_mask;  // output slots whose full tiles leave through shared memory in bulk stores
 };
 
+// The dynamic shared memory from its first 128-byte boundary. (The padding is worked out from the
+// shared-space address: from the generic one, each rematerialized pointer reads the shared
+// window's base again, bench/NOTES.md item 68.)
+__device__ __forceinline__ unsigned char* smem_align128(unsigned char* raw) {
+  return raw + (0u - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 127u);
+}
+
 template <typename T, int E, int NT, int STAGES, bool kBackward>
 struct StreamShape {
   static constexpr int kTile = E * NT;
@@ -182,7 +189,7 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // 2 x kOuts tiles of outputs to bulk-store, then the inputs' stages, from a 128-byte boundary
-  T* const outbuf = reinterpret_cast<T*>(smem_raw + (-reinterpret_cast<uintptr_t>(smem_raw) & 127));
+  T* const outbuf = reinterpret_cast<T*>(smem_align128(smem_raw));
   T* const staged = outbuf + 2 * S::kOuts * S::kTile;  // STAGES x kStreams regions: inputs
   __shared__ Affine totals[2][NT / 32];
   __shared__ __align__(8) uint64_t bar[STAGES];
