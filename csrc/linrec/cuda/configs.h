@@ -107,11 +107,11 @@ constexpr StreamConfig stream_config(int elem_size, int i) {
 // Static shared memory of the stream kernel besides its dynamic buffer (barriers, warp totals).
 constexpr size_t kStreamStaticSharedMemory = 1024;
 
-// Bytes of a ring slot besides its staged tile: record, four mbarriers, a prefix per consumer
+// Bytes of a ring slot besides its staged tile: record, five mbarriers, a prefix per consumer
 // thread, the tile's aggregate and prefix, a total per consumer warp and their arrival count.
 constexpr size_t kRingRecordBytes = 128;
 constexpr size_t ring_slot_extra_bytes(int threads) {
-  return kRingRecordBytes + 32 + 8 * size_t(threads) + 16 + 8 * size_t(threads / 32) + 8;
+  return kRingRecordBytes + 40 + 8 * size_t(threads) + 16 + 8 * size_t(threads / 32) + 8;
 }
 
 // Ring kernel (Hopper: bulk copies, warp-specialized): persistent blocks of NT consumer threads

@@ -10,16 +10,22 @@
 //   shared memory, the tile's aggregate to the look-back status), and replay a reduced tile from
 //   its slot once its prefix is known, then free the slot; they reduce a tile as soon as it lands
 //   and replay otherwise, so aggregates are published as soon as the data is there;
-// - a look-back warp resolves each reduced tile's prefix in order (warp_look_back), publishes
-//   its inclusive state and hands the prefix to the consumers.
+// - a look-back warp resolves each tile's prefix in order (warp_look_back), starting as soon as
+//   the tile is claimed, so that its round trips overlap the tile's loads; once the tile is
+//   reduced it publishes the inclusive state and hands the prefix to the consumers.
+// A sequence's look-back status entries are contiguous (seq * tiles per sequence + chunk), so
+// the look-back warp's 32-entry read touches 4 lines, not one per entry: on 16 rows a look-back
+// took ~1.8 us against ~1.1 on one row, and tiles queued ~2-4 us for the look-back warp
+// (bench/NOTES.md item 69).
 // The tile kernel's block holds its tile in registers from its loads to its replay, across the
 // look-back, so the bytes in flight per SM are cut by the look-back's latency: it reaches ~0.69
 // of a vector add on 16 x 2^22 float32, this kernel ~0.9 (bench/NOTES.md item 39).
 //
-// Slot handshakes (mbarriers, one phase per use of the slot): full (producer's bulk copies),
-// reduced (consumer thread 0: aggregate in shared memory), prefix (look-back warp), free (one
-// arrival per consumer warp). The last tile of a sequence, when partial, is read from global
-// memory, as in the stream kernel, whose shared-memory layout of a staged tile this reuses.
+// Slot handshakes (mbarriers, one phase per use of the slot): claimed (producer: the record),
+// full (producer's bulk copies), reduced (the consumer warp that completes the tile's reduction:
+// aggregate in shared memory), prefix (look-back warp), free (one arrival per consumer warp).
+// The last tile of a sequence, when partial, is read from global memory, as in the stream
+// kernel, whose shared-memory layout of a staged tile this reuses.
 #pragma once
 #include <cuda/ptx>
 
@@ -37,7 +43,7 @@ struct RingArgs {
 // What the producer records of the tile in a slot (read by the consumers and the look-back warp).
 template <typename T>
 struct RingSlotInfo {
-  int64_t vid;  // status index (chunk * num_seq + seq), -1: no more tiles
+  int64_t status;  // look-back status index (seq * tiles per sequence + chunk), -1: no more tiles
   int64_t chunk, seq;
   // The tile's sequence, SeqTensors<T> (a constructor, so not a __shared__ member itself), with
   // `initial` read where the tile needs it (the forward's first tile, the backward's last).
@@ -58,14 +64,15 @@ struct RingShape {
 };
 
 // The ring's shared memory (RingConfig::smem_bytes): per slot the staged tile, then per slot its
-// record, four mbarriers (full, reduced, prefix ready, free), each consumer thread's prefix in its
-// warp, the tile's aggregate and prefix, the consumer warps' totals and their arrival count.
+// record, five mbarriers (full, reduced, prefix ready, free, claimed), each consumer thread's
+// prefix in its warp, the tile's aggregate and prefix, the consumer warps' totals and their
+// arrival count.
 template <typename T, int E, int NT, int SLOTS, bool kBackward>
 struct RingLayout {
   using R = RingShape<T, E, NT, SLOTS, kBackward>;
   T* staged;  // [SLOTS][kSlotElems]
   RingSlotInfo<T>* info;
-  uint64_t *full, *reduced, *prefix_ready, *free_slot;
+  uint64_t *full, *reduced, *prefix_ready, *free_slot, *claimed;
   Affine* thread_prefix;  // [SLOTS][NT]
   Affine* tile_agg;
   float* tile_prefix;   // (8 bytes per slot)
@@ -85,6 +92,7 @@ struct RingLayout {
     reduced = reinterpret_cast<uint64_t*>(take(SLOTS * 8));
     prefix_ready = reinterpret_cast<uint64_t*>(take(SLOTS * 8));
     free_slot = reinterpret_cast<uint64_t*>(take(SLOTS * 8));
+    claimed = reinterpret_cast<uint64_t*>(take(SLOTS * 8));
     thread_prefix = reinterpret_cast<Affine*>(take(SLOTS * NT * sizeof(Affine)));
     tile_agg = reinterpret_cast<Affine*>(take(SLOTS * sizeof(Affine)));
     tile_prefix = reinterpret_cast<float*>(take(SLOTS * 8));
@@ -182,47 +190,66 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       cuda::ptx::mbarrier_init(&sh.reduced[s], 1);
       cuda::ptx::mbarrier_init(&sh.prefix_ready[s], 1);
       cuda::ptx::mbarrier_init(&sh.free_slot[s], R::kWarps);
+      cuda::ptx::mbarrier_init(&sh.claimed[s], 1);
       sh.arrivals[s] = 0;
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
   __syncthreads();
 
+  // The producer's work per tile is on the slot's critical path (a lone thread among spinning
+  // warps: its index arithmetic took ~1.3 us per tile with 64-bit divisions, item 69), hence
+  // a 32-bit division where the tile ids fit and none for the batch index of (N, L) inputs.
   if (warp == R::kWarps) {  // producer
     if (lane != 0) return;
+    const uint32_t claimed = ring::smem_u32(sh.claimed);
+    const bool narrow = num_tiles <= 0xffffffffll;
     for (uint32_t i = 0;; ++i) {
       const int s = static_cast<int>(ring::slot_of<SLOTS>(i));
       ring::wait(free_slot + 8 * s, ring::parity_of<SLOTS>(i) ^ 1u);  // the first use of each slot passes at once
       const int64_t vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
       RingSlotInfo<T>& in = info[s];
-      if (vid >= num_tiles) {
-        in.vid = -1;
+      if (vid >= num_tiles) {  // ends the consumers and the look-back warp
+        in.status = -1;
         ring::arrive(full + 8 * s);
+        ring::arrive(claimed + 8 * s);
         return;
       }
-      const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
-      in.vid = vid, in.chunk = chunk, in.seq = seq;
-      const SeqIndex index(p, seq);
+      // chunk-major ids: all sequences' chunk k are claimed before any chunk k + 1
+      const int64_t chunk = narrow ? static_cast<uint32_t>(vid) / static_cast<uint32_t>(p.num_seq) : vid / p.num_seq;
+      const int64_t seq = vid - chunk * p.num_seq;
       int64_t off[kNumSlots];
+      if (p.nbatch == 1) {  // (N, L): no division
 #pragma unroll
-      for (int j = 0; j < kNumSlots; ++j) off[j] = index.offset(p, j);
+        for (int j = 0; j < kNumSlots; ++j) off[j] = seq * p.bstride[j][0];
+      } else {
+        const SeqIndex index(p, seq);
+#pragma unroll
+        for (int j = 0; j < kNumSlots; ++j) off[j] = index.offset(p, j);
+      }
       const bool needs_init = kBackward ? chunk == args.num_chunks - 1 : chunk == 0;
       const SeqTensors<T> st(p, off, needs_init);
+      in.status = seq * args.num_chunks + chunk, in.chunk = chunk, in.seq = seq;
       *reinterpret_cast<SeqTensors<T>*>(in.tensors_bytes) = st;
+      ring::arrive(claimed + 8 * s);  // (release: the record, for the look-back warp)
       stage_tile<T, E, NT, SLOTS, kBackward>(st, L, chunk * S::kTile, staged + s * R::kSlotElems, &sh.full[s]);
     }
   }
 
   if (warp == R::kWarps + 1) {  // look-back
+    const uint32_t claimed = ring::smem_u32(sh.claimed);
     for (uint32_t i = 0;; ++i) {
       const int s = static_cast<int>(ring::slot_of<SLOTS>(i));
-      ring::wait(reduced + 8 * s, ring::parity_of<SLOTS>(i));
+      ring::wait(claimed + 8 * s, ring::parity_of<SLOTS>(i));
       const RingSlotInfo<T>& in = info[s];
-      if (in.vid < 0) return;
+      if (in.status < 0) return;
+      // (the tile's own aggregate is not needed until the inclusive state is published)
       const float h = in.chunk == 0 ? (kBackward ? 0.f : in.tensors().init)
-                                    : args.lb.warp_look_back(in.seq, p.num_seq, in.chunk);
+                                    : args.lb.warp_look_back(in.status - in.chunk, 1, in.chunk);
+      ring::wait(reduced + 8 * s, ring::parity_of<SLOTS>(i));
       if (lane == 0) {
-        if (in.chunk + 1 < args.num_chunks) args.lb.publish_inclusive(in.vid, fmaf(sh.tile_agg[s].a, h, sh.tile_agg[s].b));
+        if (in.chunk + 1 < args.num_chunks)
+          args.lb.publish_inclusive(in.status, fmaf(sh.tile_agg[s].a, h, sh.tile_agg[s].b));
         sh.tile_prefix[s] = h;
         ring::arrive(prefix_ready + 8 * s);
       }
@@ -273,9 +300,8 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
     if (reduce) {
       const int s = static_cast<int>(ring::slot_of<SLOTS>(next_reduce));
       const RingSlotInfo<T>& in = info[s];
-      if (in.vid < 0) {
+      if (in.status < 0) {
         claimed_all = true;
-        if (threadIdx.x == 0) ring::arrive(reduced + 8 * s);  // ends the look-back warp
         continue;
       }
       float v[E], c[E], yn[E];
@@ -302,7 +328,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       const Affine all{__shfl_sync(0xffffffffu, t.a, R::kWarps - 1), __shfl_sync(0xffffffffu, t.b, R::kWarps - 1)};
       __syncwarp();  // the composed totals are written before lane 0's release on `reduced`
       if (lane == 0) {
-        if (in.chunk > 0) args.lb.publish_aggregate(in.vid, all);
+        if (in.chunk > 0) args.lb.publish_aggregate(in.status, all);
         sh.tile_agg[s] = all;
         ring::arrive(reduced + 8 * s);
       }
