@@ -247,6 +247,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       const float h = in.chunk == 0 ? (kBackward ? 0.f : in.tensors().init)
                                     : args.lb.warp_look_back(in.status - in.chunk, 1, in.chunk);
       ring::wait(reduced + 8 * s, ring::parity_of<SLOTS>(i));
+      __syncwarp();  // every lane has read the record before lane 0's release frees it for reuse
       if (lane == 0) {
         if (in.chunk + 1 < args.num_chunks)
           args.lb.publish_inclusive(in.status, fmaf(sh.tile_agg[s].a, h, sh.tile_agg[s].b));
