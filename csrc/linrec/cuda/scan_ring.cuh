@@ -201,16 +201,20 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   // warps: its index arithmetic took ~1.3 us per tile with 64-bit divisions, item 69), hence
   // a 32-bit division where the tile ids fit and none for the batch index of (N, L) inputs (here,
   // not in SeqIndex: there it made the 2-byte reverse backward spill 62 bytes instead of 46).
+  // It claims each tile and works out its record one tile ahead, while it waits for the slot to
+  // be freed, so that a freed slot's copies are issued at once (a claimed tile depends only on
+  // tiles claimed before it, which every block's slots hold: no cycle).
   if (warp == R::kWarps) {  // producer
     if (lane != 0) return;
     const uint32_t claimed = ring::smem_u32(sh.claimed);
     const bool narrow = num_tiles <= 0xffffffffll;
+    int64_t vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
     for (uint32_t i = 0;; ++i) {
       const int s = static_cast<int>(ring::slot_of<SLOTS>(i));
-      ring::wait(free_slot + 8 * s, ring::parity_of<SLOTS>(i) ^ 1u);  // the first use of each slot passes at once
-      const int64_t vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
+      const uint32_t free_parity = ring::parity_of<SLOTS>(i) ^ 1u;  // the first use of each slot passes at once
       RingSlotInfo<T>& in = info[s];
       if (vid >= num_tiles) {  // ends the consumers and the look-back warp
+        ring::wait(free_slot + 8 * s, free_parity);
         in.status = -1;
         ring::arrive(full + 8 * s);
         ring::arrive(claimed + 8 * s);
@@ -230,10 +234,12 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       }
       const bool needs_init = kBackward ? chunk == args.num_chunks - 1 : chunk == 0;
       const SeqTensors<T> st(p, off, needs_init);
+      ring::wait(free_slot + 8 * s, free_parity);
       in.status = seq * args.num_chunks + chunk, in.chunk = chunk, in.seq = seq;
       *reinterpret_cast<SeqTensors<T>*>(in.tensors_bytes) = st;
       ring::arrive(claimed + 8 * s);  // (release: the record, for the look-back warp)
       stage_tile<T, E, NT, SLOTS, kBackward>(st, L, chunk * S::kTile, staged + s * R::kSlotElems, &sh.full[s]);
+      vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
     }
   }
 
