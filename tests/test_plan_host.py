@@ -333,6 +333,12 @@ int main() {
   show(2, false, 3300, 6000);    // 25: no prefetch
   show(4, false, 1500, 8001);    // 23
   show(4, false, 2000, 8001);    // 30: no prefetch
+  for (bool bwd : {false, true}) {
+    show(2, bwd, 131072, 1024);  // 2-byte rows of two tiles, however many
+    show(2, bwd, 131072, 1000);  // (shifted rows)
+    show(2, bwd, 32768, 4096);   // more tiles per row: no prefetch
+    show(4, bwd, 131072, 1024);  // float32: no prefetch
+  }
 }
 """
 
@@ -344,7 +350,8 @@ def test_walk_prefetch_defaults(tmp_path):
     torch.add without, 0.76 with; 2000 x 6000 on one-warp 1024-step tiles 0.84 without, 0.75 with),
     and only when it walks more than one tile (plan.h's plan_tile); below 25 KiB where DRAM gives each
     SM more than 30 GB/s (H200: bf16 2600 x 6000 0.71 without, 0.79 with; float32 2000 x 8001, 30 KiB,
-    0.83 without, 0.79 with)."""
+    0.83 without, 0.79 with), where also 2-byte rows of two tiles prefetch however many they are
+    (bf16 131072 x 1024 backward 0.86 without, 0.90 with)."""
     got = _run_program(tmp_path, "prefetch", _PREFETCH_PROGRAM)
     fwd = ["tile.e16t64 8 1", "tile.e32t32 6 0", "tile.e16t32 12 0", "tile.e16t32 9 0", "tile.e8t64 4 1",
            "tile.e8t128 8 0", "tile.e8t64 12 0", "tile.e8t64 2 0", "tile.e8t128 1 0"]
@@ -352,6 +359,7 @@ def test_walk_prefetch_defaults(tmp_path):
     # the 4-byte backward walks 1024-step tiles below 32 rows per SM (walk_tile)
     bwd = ["tile.e16t64 1 0", "tile.e16t64 1 0", *fwd[2:5], "tile.e8t128 8 0", "tile.e8t128 6 0", *fwd[7:]]
     h200 = ["tile.e16t32 12 1", "tile.e16t32 12 1", "tile.e16t32 12 0", "tile.e8t64 16 1", "tile.e8t64 16 0"]
+    h200 += ["tile.e16t32 2 1", "tile.e16t32 2 1", "tile.e16t32 8 0", "tile.e8t64 2 0"] * 2
     assert got == fwd + bwd + h200
 
 

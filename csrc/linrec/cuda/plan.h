@@ -243,10 +243,18 @@ inline void plan_tile(ScanPlan& plan, const ScanParams& p, int elem_size, const 
     // Where DRAM gives each SM more than 30 GB/s the bound is 25 KiB (H200: bf16 2600 x 6000 (20)
     // 0.71 -> 0.79, 1400 x 8001 (22) 0.67 -> 0.71, float32 1500 x 8001 (23) 0.76 -> 0.81; bf16 3200
     // x 6000 (25) level, float32 2000 x 8001 (30) 0.83 -> 0.79; item 67).
+    // There, 2-byte rows of two tiles prefetch their second tile however many they are: it doubles
+    // a one-warp block's loads in flight (H200, bf16 131072 x 1024 forward / backward 0.875 / 0.860
+    // -> 0.943 / 0.904, fp16 0.880 / 0.862 -> 0.945 / 0.891, bf16 131072 x 1000 0.84 / 0.78 -> 0.91
+    // / 0.81, 16384 x 1024 0.835 / 0.905 -> 0.85-0.87 / 0.88-0.89; not with more tiles per row: bf16
+    // 32768 x 4096 0.915 / 0.856 -> 0.887 / 0.760; nor float32 131072 x 1024, 0.975 -> 0.956
+    // forward; item 70).
     const TileConfig walked = tile_config(elem_size, plan.config);
-    const int64_t prefetch_kib = dev.dram_gbps_per_sm > kFastDramGbpsPerSm ? 25 : 18;
+    const bool fast_dram = dev.dram_gbps_per_sm > kFastDramGbpsPerSm;
+    const int64_t prefetch_kib = fast_dram ? 25 : 18;
     plan.walk_prefetch =
-        plan.per_chunk > 1 && p.num_seq * walked.tile() * elem_size < prefetch_kib * 1024 * int64_t(dev.num_sms);
+        plan.per_chunk > 1 && (p.num_seq * walked.tile() * elem_size < prefetch_kib * 1024 * int64_t(dev.num_sms) ||
+                               (fast_dram && elem_size == 2 && plan.per_chunk == 2));
   } else {
     // Fewer sequences than SMs can hide: one tile per block, the tiles of a sequence chained by
     // look-back (not under deterministic algorithms, see params.h).
