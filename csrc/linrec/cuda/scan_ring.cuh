@@ -4,8 +4,9 @@
 // Persistent blocks take tiles of every sequence in chunk-major order from a counter and chain
 // them by decoupled look-back, like the tile kernel's look-back mode, but a block's warps are
 // specialized so that no tile waits for another tile's look-back:
-// - a producer warp (one lane) claims a tile only when one of the block's SLOTS shared-memory
-//   slots is free, and fetches each input with one bulk copy (cp.async.bulk) at once;
+// - a producer warp (one lane) claims a tile (the forward's one ahead, while it waits) and, once
+//   one of the block's SLOTS shared-memory slots is free, fetches each input of the tile there with
+//   one bulk copy (cp.async.bulk);
 // - the NT consumer threads reduce each tile as it lands (their in-tile exclusive prefixes go to
 //   shared memory, the tile's aggregate to the look-back status), and replay a reduced tile from
 //   its slot once its prefix is known, then free the slot; they reduce a tile as soon as it lands
@@ -201,20 +202,29 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   // warps: its index arithmetic took ~1.3 us per tile with 64-bit divisions, item 69), hence
   // a 32-bit division where the tile ids fit and none for the batch index of (N, L) inputs (here,
   // not in SeqIndex: there it made the 2-byte reverse backward spill 62 bytes instead of 46).
-  // It claims each tile and works out its record one tile ahead, while it waits for the slot to
-  // be freed, so that a freed slot's copies are issued at once (a claimed tile depends only on
-  // tiles claimed before it, which every block's slots hold: no cycle).
+  // The forward claims each tile and works out its record one tile ahead, while it waits for the
+  // slot to be freed, so that a freed slot's copies are issued at once (a claimed tile depends
+  // only on tiles claimed before it, which every block's slots hold: no cycle); H200 forward +1-3%,
+  // H100 +0.3-1.3%. Not the backward: its four slots live longer, and a tile claimed early holds
+  // up its row's later tiles (H100 1 x 2^26 and 4 x 2^24 backward -2%; item 70).
   if (warp == R::kWarps) {  // producer
     if (lane != 0) return;
+    constexpr bool kClaimAhead = !kBackward;
     const uint32_t claimed = ring::smem_u32(sh.claimed);
     const bool narrow = num_tiles <= 0xffffffffll;
-    int64_t vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
+    auto claim = [&] { return static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)); };
+    int64_t vid = kClaimAhead ? claim() : 0;
     for (uint32_t i = 0;; ++i) {
       const int s = static_cast<int>(ring::slot_of<SLOTS>(i));
+      const uint32_t free_bar = free_slot + 8 * s;
       const uint32_t free_parity = ring::parity_of<SLOTS>(i) ^ 1u;  // the first use of each slot passes at once
+      if constexpr (!kClaimAhead) {
+        ring::wait(free_bar, free_parity);
+        vid = claim();
+      }
       RingSlotInfo<T>& in = info[s];
       if (vid >= num_tiles) {  // ends the consumers and the look-back warp
-        ring::wait(free_slot + 8 * s, free_parity);
+        if constexpr (kClaimAhead) ring::wait(free_bar, free_parity);
         in.status = -1;
         ring::arrive(full + 8 * s);
         ring::arrive(claimed + 8 * s);
@@ -234,12 +244,12 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       }
       const bool needs_init = kBackward ? chunk == args.num_chunks - 1 : chunk == 0;
       const SeqTensors<T> st(p, off, needs_init);
-      ring::wait(free_slot + 8 * s, free_parity);
+      if constexpr (kClaimAhead) ring::wait(free_bar, free_parity);
       in.status = seq * args.num_chunks + chunk, in.chunk = chunk, in.seq = seq;
       *reinterpret_cast<SeqTensors<T>*>(in.tensors_bytes) = st;
       ring::arrive(claimed + 8 * s);  // (release: the record, for the look-back warp)
       stage_tile<T, E, NT, SLOTS, kBackward>(st, L, chunk * S::kTile, staged + s * R::kSlotElems, &sh.full[s]);
-      vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
+      if constexpr (kClaimAhead) vid = claim();
     }
   }
 
