@@ -326,6 +326,7 @@ int main() {
     show(4, bwd, 2000, 6000);    // 30: no prefetch
     show(4, bwd, 131072, 1024);  // many-short: no prefetch
     show(4, bwd, 1055, 1024);    // one tile per row: nothing to prefetch
+    show(2, bwd, 131072, 1024);  // 2-byte rows of two tiles: no prefetch here (the H100)
   }
   dram = 37.f;  // an H200: below 25 KiB per SM
   show(2, false, 2600, 6000);    // 20
@@ -354,7 +355,7 @@ def test_walk_prefetch_defaults(tmp_path):
     (bf16 131072 x 1024 backward 0.86 without, 0.90 with)."""
     got = _run_program(tmp_path, "prefetch", _PREFETCH_PROGRAM)
     fwd = ["tile.e16t64 8 1", "tile.e32t32 6 0", "tile.e16t32 12 0", "tile.e16t32 9 0", "tile.e8t64 4 1",
-           "tile.e8t128 8 0", "tile.e8t64 12 0", "tile.e8t64 2 0", "tile.e8t128 1 0"]
+           "tile.e8t128 8 0", "tile.e8t64 12 0", "tile.e8t64 2 0", "tile.e8t128 1 0", "tile.e16t32 2 0"]
     # the 2-byte backward of 1100 and 2000 rows chains 1024-step look-back tiles (backward_lookback_1024);
     # the 4-byte backward walks 1024-step tiles below 32 rows per SM (walk_tile)
     bwd = ["tile.e16t64 1 0", "tile.e16t64 1 0", *fwd[2:5], "tile.e8t128 8 0", "tile.e8t128 6 0", *fwd[7:]]
