@@ -205,9 +205,9 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
   // The forward claims each tile and works out its record one tile ahead, while it waits for the
   // slot to be freed, so that a freed slot's copies are issued at once (a claimed tile depends
   // only on tiles claimed before it, each in a slot or held by a block whose slots hold earlier
-  // ones: no cycle); H200 forward +1-3%,
-  // H100 +0.3-1.3%. Not the backward: its four slots live longer, and a tile claimed early holds
-  // up its row's later tiles (H100 1 x 2^26 and 4 x 2^24 backward -2%; item 70).
+  // ones: no cycle); H200 forward +1-3%, H100 +0.3-1.3%. Not the backward: its four slots live
+  // longer, and a tile claimed early holds up its row's later tiles (H100 1 x 2^26 and 4 x 2^24
+  // backward -2%; item 70).
   if (warp == R::kWarps) {  // producer
     if (lane != 0) return;
     constexpr bool kClaimAhead = !kBackward;
