@@ -316,6 +316,15 @@ inline bool short_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
          p.num_seq < 8 * int64_t(dev.num_sms) && ceil_div(p.len, stream_config(elem_size, def.stream).tile()) <= 2;
 }
 
+// The default stream config of a problem: `def.stream`, or `def.stream_short` for rows of at most
+// two of its tiles with at least two rows per SM (configs_sm90.h says why).
+inline int stream_default(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def) {
+  const bool short_rows = def.stream_short >= 0 && p.num_seq >= 2 * int64_t(dev.num_sms) &&
+                          ceil_div(p.len, stream_config(elem_size, def.stream).tile()) <= 2;
+  return short_rows && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream_short) ? def.stream_short
+                                                                                               : def.stream;
+}
+
 inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int config) {
   const StreamConfig cfg = stream_config(elem_size, config);
   plan.kind = ScanKind::kStream;
@@ -418,7 +427,7 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
       // of torch.add on few-long (H200).
       const bool ring_preferred = ring && def.ring_over_stream_len > 0 && p.len >= def.ring_over_stream_len;
       if (!lookback_1024 && plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && stream_ok && !ring_preferred)
-        plan_stream(plan, p, elem_size, def.stream);
+        plan_stream(plan, p, elem_size, stream_default(p, elem_size, dev, def));
       else if (ring)
         plan_ring(plan, p, elem_size, dev, def.ring);
     }
