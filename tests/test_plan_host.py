@@ -406,6 +406,7 @@ int main() {
       show(9, elem, bwd, 1100, 8192);   // 8.3 rows per SM of whole stream tiles (one or two)
       show(9, elem, bwd, 1100, 12288);  // two or three stream tiles
       show(9, elem, bwd, 2000, 16384);  // two or four stream tiles
+      show(9, elem, bwd, 1000, 32768);  // four or eight stream tiles
       show(9, elem, bwd, 600, 65536);   // many stream tiles
       show(9, elem, bwd, 128, 8192);    // one row per SM
     }
@@ -415,10 +416,10 @@ int main() {
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 def test_stream_short_rows_default(tmp_path):
-    """Rows the stream kernel takes with at most two of its default tiles and two or more rows per SM
-    run the 256-thread 4-stage config (two blocks per SM; H100 bf16 1100 x 12288 forward 0.57 -> 0.91
-    of torch.add, configs_sm90.h's stream_short); longer rows and one row per SM keep the 512-thread
-    config."""
+    """Rows the stream kernel takes with at most two of its default tiles (four for 4-byte types) and
+    two or more rows per SM run the 256-thread 4-stage config (two blocks per SM; H100 bf16 1100 x
+    12288 forward 0.57 -> 0.91 of torch.add, configs_sm90.h's stream_short); longer rows and one row
+    per SM keep the 512-thread config."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "stream_short", _STREAM_SHORT_PROGRAM)]
     wide = {4: "stream.e8t512s4", 2: "stream.e16t512s4"}
     short = {4: "stream.e8t256s4", 2: "stream.e16t256s4"}
@@ -426,9 +427,10 @@ def test_stream_short_rows_default(tmp_path):
     for elem in (4, 2):
         tile = {4: 4096, 2: 8192}[elem]  # steps of a wide tile; a short-rows tile has half
         for _ in (0, 1):
-            for rows, length in ((1100, 8192), (1100, 12288), (2000, 16384), (600, 65536), (128, 8192)):
+            for rows, length in ((1100, 8192), (1100, 12288), (2000, 16384), (1000, 32768), (600, 65536),
+                                 (128, 8192)):
                 wide_tiles, short_tiles = -(-length // tile), -(-length // (tile // 2))
-                if wide_tiles <= 2 and rows >= 2 * 132:
+                if wide_tiles <= (4 if elem == 4 else 2) and rows >= 2 * 132:
                     expect.append(f"{short[elem]} {short_tiles} {short_tiles}")
                 else:
                     expect.append(f"{wide[elem]} {wide_tiles} {wide_tiles}")

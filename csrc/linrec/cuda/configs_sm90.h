@@ -9,7 +9,7 @@ struct ScanDefaults {
   int tile_walk;      // tile config of blocks that walk rows of more than 256 steps, when they are many
   int tile_lookback;  // tile config when a sequence spans blocks chained by look-back
   int stream;         // stream config, or -1: no stream kernel
-  int stream_short;   // stream config for rows of at most two `stream` tiles, two or more per SM
+  int stream_short;   // stream config for rows of few `stream` tiles, two or more per SM (stream_default)
   int ring;           // ring config for fewer sequences than the stream kernel takes, or -1
   int64_t ring_over_stream_len;  // rows at least this long take the ring where stream blocks would fill the SMs (0: none)
   int channel;        // channel config
@@ -37,11 +37,14 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
   // 512 threads: twice the warps hide the per-tile latency (the configs are even since the
   // per-tile overheads went; 4 stayed).
   d.stream = 4;
-  // Rows of at most two of those tiles, two or more per SM: 256 threads in 4 stages, two blocks per
-  // SM, so that a second row's loads overlap one's fill and drain (H100, ratio to torch.add, fwd |
-  // bwd, 512 -> 256 threads: bf16 1100 x 12288 0.57 | 0.60 -> 0.91 | 0.76, 2000 x 16384 0.80 | 0.80
-  // -> 0.94 | 0.78, 1100 x 8192 0.60 | 0.67 -> 0.81 | 0.68; float32 1100 x 8192 0.82 | 0.93 -> 0.93
-  // | 0.98; rows of 4 or more tiles level or slower, bf16 600 x 65536 0.93 -> 0.85; item 72).
+  // Rows of at most two of those tiles (four for 4-byte types), two or more per SM: 256 threads in
+  // 4 stages, two blocks per SM, so that a second row's loads overlap one's fill and drain (ratio
+  // to torch.add, fwd | bwd, 512 -> 256 threads; item 72): H100 bf16 1100 x 12288 0.57 | 0.60 ->
+  // 0.91 | 0.76, 2000 x 16384 0.80 | 0.80 -> 0.94 | 0.78, float32 1100 x 8192 0.82 | 0.93 -> 0.93 |
+  // 0.98; H200 bf16 1100 x 12288 0.45 | 0.46 -> 0.77 | 0.58, float32 2000 x 16384 (four tiles) 0.86 |
+  // 0.90 -> 0.94 | 0.94 (H100 0.98 | 0.99 -> 0.97 | 0.97), 264 x 16384 0.76 | 0.92 -> 0.90 | 1.05.
+  // Longer rows keep 512 threads (bf16 600 x 65536 H100 0.93 -> 0.85, H200 0.84 -> 0.82; H100 bf16
+  // rows of four tiles backward 0.91 -> 0.85).
   d.stream_short = 3;
   static_assert(kStreamConfigs4B[3].threads == 256 && kStreamConfigs2B[3].threads == 256 &&
                     kStreamConfigs4B[3].stages_forward == 4 && kStreamConfigs2B[3].stages_forward == 4,
