@@ -38,13 +38,9 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
   // per-tile overheads went; 4 stayed).
   d.stream = 4;
   // Rows of at most two of those tiles (four for 4-byte types), two or more per SM: 256 threads in
-  // 4 stages, two blocks per SM, so that a second row's loads overlap one's fill and drain (ratio
-  // to torch.add, fwd | bwd, 512 -> 256 threads; item 72): H100 bf16 1100 x 12288 0.57 | 0.60 ->
-  // 0.91 | 0.76, 2000 x 16384 0.80 | 0.80 -> 0.94 | 0.78, float32 1100 x 8192 0.82 | 0.93 -> 0.93 |
-  // 0.98; H200 bf16 1100 x 12288 0.45 | 0.46 -> 0.77 | 0.58, float32 2000 x 16384 (four tiles) 0.86 |
-  // 0.90 -> 0.94 | 0.94 (H100 0.98 | 0.99 -> 0.97 | 0.97), 264 x 16384 0.76 | 0.92 -> 0.90 | 1.05.
-  // Longer rows keep 512 threads (bf16 600 x 65536 H100 0.93 -> 0.85, H200 0.84 -> 0.82; H100 bf16
-  // rows of four tiles backward 0.91 -> 0.85).
+  // 4 stages, two blocks per SM, so that a second row's loads overlap one's fill and drain (bf16
+  // 1100 x 12288 forward 0.57 -> 0.91 of torch.add on the H100, 0.45 -> 0.77 on the H200); longer
+  // rows keep 512 threads (bf16 600 x 65536: 0.93 against 0.85; bench/NOTES.md item 72).
   d.stream_short = 3;
   static_assert(kStreamConfigs4B[3].threads == 256 && kStreamConfigs2B[3].threads == 256 &&
                     kStreamConfigs4B[3].stages_forward == 4 && kStreamConfigs2B[3].stages_forward == 4,
