@@ -10,6 +10,7 @@ struct ScanDefaults {
   int tile_lookback;  // tile config when a sequence spans blocks chained by look-back
   int stream;         // stream config, or -1: no stream kernel
   int stream_short;   // stream config for rows of few `stream` tiles, two or more per SM (stream_default)
+  int stream_short_tiles;  // rows of at most this many `stream` tiles take `stream_short`
   int ring;           // ring config for fewer sequences than the stream kernel takes, or -1
   int64_t ring_over_stream_len;  // rows at least this long take the ring where stream blocks would fill the SMs (0: none)
   int channel;        // channel config
@@ -40,8 +41,11 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
   // Rows of at most two of those tiles (four for 4-byte types), two or more per SM: 256 threads in
   // 4 stages, two blocks per SM, so that a second row's loads overlap one's fill and drain (bf16
   // 1100 x 12288 forward 0.57 -> 0.91 of torch.add on the H100, 0.45 -> 0.77 on the H200); longer
-  // rows keep 512 threads (bf16 600 x 65536: 0.93 against 0.85; bench/NOTES.md item 72).
+  // rows keep 512 threads (bf16 600 x 65536: 0.93 against 0.85; bench/NOTES.md item 72). 4-byte
+  // rows of three or four tiles gain too on the H200 (float32 2000 x 16384 0.86 -> 0.94; H100 0.97
+  // either way); 2-byte ones lose in the backward (H100 bf16 1000 x 32768 0.91 -> 0.86).
   d.stream_short = 3;
+  d.stream_short_tiles = elem_size == 4 ? 4 : 2;
   static_assert(kStreamConfigs4B[3].threads == 256 && kStreamConfigs2B[3].threads == 256 &&
                     kStreamConfigs4B[3].stages_forward == 4 && kStreamConfigs2B[3].stages_forward == 4,
                 "the short rows' stream config");

@@ -317,11 +317,10 @@ inline bool short_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
 }
 
 // The default stream config of a problem: `def.stream`, or `def.stream_short` for rows of at most
-// two of its tiles (four for 4-byte types) with at least two rows per SM (configs_sm90.h says why).
+// `def.stream_short_tiles` of its tiles with at least two rows per SM (configs_sm90.h says why).
 inline int stream_default(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def) {
-  const int64_t max_tiles = elem_size == 4 ? 4 : 2;
-  const bool short_rows = def.stream_short >= 0 && p.num_seq >= 2 * int64_t(dev.num_sms) &&
-                          ceil_div(p.len, stream_config(elem_size, def.stream).tile()) <= max_tiles;
+  const bool short_rows = p.num_seq >= 2 * int64_t(dev.num_sms) &&
+                          ceil_div(p.len, stream_config(elem_size, def.stream).tile()) <= def.stream_short_tiles;
   return short_rows && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream_short) ? def.stream_short
                                                                                                : def.stream;
 }
