@@ -213,7 +213,7 @@ def test_walk_rules_by_rows_per_sm(tmp_path):
     walk_min_rows)."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "rows", _ROWS_PER_SM_PROGRAM)]
     assert got == ["tile.e8t128 1 8", "tile.e8t64 1 16", "tile.e8t128 1 8", "tile.e8t64 1 16",
-                   "tile.e32t32 8 1", "tile.e32t128 1 1",  # H100: 1024-step look-back tiles, one tile per row
+                   "stream.e16t256s4 2 2", "tile.e32t128 1 1",  # H100: the stream kernel, one tile per row
                    "tile.e16t64 1 8", "tile.e32t128 1 1"]   # H200: 4.5 rows per SM walk
 
 
@@ -373,6 +373,7 @@ int main() {
       show(9, elem, bwd, 128, 8192);   // one per SM: the stream kernel
       show(9, elem, bwd, 600, 4000);   // within the longest tile: one tile per row
       show(9, elem, bwd, 600, 65536);  // many stream tiles: the stream kernel
+      if (elem == 4) show(9, elem, bwd, 1000, 4608);  // the last 256-thread stream tile a quarter full
     }
 }
 """
@@ -381,12 +382,14 @@ int main() {
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 def test_short_stream_rows_defaults(tmp_path):
     """Rows longer than the longest tile but of at most two stream tiles, 1.5 to 8 per SM, chain
-    1024-step look-back tiles instead of one stream block per row (bf16 600 x 8000 forward: 0.54 of
-    torch.add on the stream kernel, 0.65; plan.h's short_stream_rows); one row per SM, rows that fit
-    a tile and rows of many stream tiles keep their plans."""
+    1024-step look-back tiles instead of one stream block per row (bf16 600 x 8000 backward: 0.56 of
+    torch.add on the stream kernel, 0.81; plan.h's short_stream_rows), but the forward from two rows
+    per SM takes the stream kernel's 256-thread config unless its last tile is under half full; one
+    row per SM, rows that fit a tile and rows of many stream tiles keep their plans."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "short", _SHORT_STREAM_PROGRAM)]
     lookback = {(4, 0): "tile.e8t128", (4, 1): "tile.e8t128", (2, 0): "tile.e32t32", (2, 1): "tile.e16t64"}
     stream = {4: "stream.e8t512s4", 2: "stream.e16t512s4"}
+    short = {4: "stream.e8t256s4", 2: "stream.e16t256s4"}
     expect = []
     for elem in (4, 2):
         for bwd in (0, 1):
@@ -394,8 +397,10 @@ def test_short_stream_rows_defaults(tmp_path):
             one_tile = "tile.e32t128" if elem == 2 else "tile.e16t256"
             stream_tile = 4096 if elem == 4 else 8192  # steps
             tiles = 8192 // stream_tile, 65536 // stream_tile
-            expect += [f"{lb} 8 1", f"{lb} 6 1", f"{stream[elem]} {tiles[0]} {tiles[0]}", f"{one_tile} 1 1",
-                       f"{stream[elem]} {tiles[1]} {tiles[1]}"]
+            # the forward from two rows per SM keeps the stream kernel, 256 threads (stream_default)
+            first = f"{lb} 8 1" if bwd else f"{short[elem]} {-(-8000 // (stream_tile // 2))} {-(-8000 // (stream_tile // 2))}"
+            expect += [first, f"{lb} 6 1", f"{stream[elem]} {tiles[0]} {tiles[0]}", f"{one_tile} 1 1",
+                       f"{stream[elem]} {tiles[1]} {tiles[1]}"] + ([f"{lb} 5 1"] if elem == 4 else [])
     assert got == expect
 
 
@@ -435,3 +440,29 @@ def test_stream_short_rows_default(tmp_path):
                 else:
                     expect.append(f"{wide[elem]} {wide_tiles} {wide_tiles}")
     assert got == expect
+
+
+_STREAM_WHOLE_ROWS_PROGRAM = _SHOW + r"""
+int main() {
+  for (bool bwd : {false, true}) {
+    show(9, 4, bwd, 3000, 8192);    // two whole stream tiles, 22.7 rows per SM
+    show(9, 4, bwd, 8192, 16384);   // four, 62 per SM
+    show(9, 4, bwd, 3000, 20480);   // five
+    show(9, 4, bwd, 3000, 6144);    // one and a half
+    show(9, 2, bwd, 3000, 8192);    // 2-byte
+  }
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_stream_whole_rows_default(tmp_path):
+    """Many 4-byte rows of at most four whole stream tiles take the stream kernel's 256-thread config
+    rather than walk (float32 3000 x 8192: 0.90 / 0.95 of torch.add walked on the H100, 0.97 / 0.99
+    on the stream kernel; plan.h's stream_whole_rows); longer rows, rows off whole tiles and 2-byte
+    rows keep the walk."""
+    got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "whole", _STREAM_WHOLE_ROWS_PROGRAM)]
+    for bwd in (0, 1):
+        rows = got[5 * bwd:5 * bwd + 5]
+        assert rows[:2] == ["stream.e8t256s4 4 4", "stream.e8t256s4 8 8"]
+        assert all(r.startswith("tile.") for r in rows[2:]), rows
