@@ -339,7 +339,7 @@ inline int stream_default(const ScanParams& p, int elem_size, const DeviceInfo& 
 // per SM, take the stream kernel (its 256-thread config) however many they are, rather than walk:
 // float32 3000 x 8192 walked 0.90 / 0.95 of torch.add (fwd / bwd, H100), 0.84 / 0.89 (H200), on the
 // stream kernel 0.97 / 0.99, 0.94 / 0.97; H100 4096 x 8192 0.92 / 0.96 against 0.99 / 0.99, 2000 x
-// 8192 0.91 / 0.96 against 0.95 / 1.00 (bench/NOTES.md item 72). Not 2-byte rows (bf16 3000 x 8192
+// 8192 0.91 / 0.96 against 0.95 / 1.00 (bench/NOTES.md items 72-73). Not 2-byte rows (bf16 3000 x 8192
 // walked 0.87 / 0.87, on the stream kernel 0.87 / 0.65), nor rows off whole tiles (float32 2000 x
 // 6000: 0.87 / 0.93 walked, 0.83 / 0.89).
 inline bool stream_whole_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def,
