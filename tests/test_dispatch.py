@@ -448,6 +448,31 @@ def test_auto_config_resolves_in_the_op(compiled, monkeypatch):
         dispatch.clear_memo()
 
 
+@requires_triton
+def test_auto_triton_entries_run_the_eager_twins():
+    """The native op runs a tuned Triton entry through the Triton ops' eager twins (plain Python
+    kernels, linrec::_scan_triton_eager / _scan_backward_triton_eager), not through the public
+    triton_ops and their custom-op layers (host time; bench/NOTES.md item 73)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU's tuned table with the interpreted kernels")
+    x, c, h0 = _inputs((2, 48), -1, "cpu")
+    leaves = [t.clone().requires_grad_() for t in (x, c, h0)]
+    try:
+        _set_cpu_table(x, c, 1, "triton.t1024", "triton.t4096")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            y = torch.ops.linrec.scan(*leaves, -1, False, "auto", "auto")
+            grads = torch.autograd.grad(y.sum(), leaves)
+        names = {event.name for event in prof.events()}
+        assert {"linrec::_scan_triton_eager", "linrec::_scan_backward_triton_eager"} <= names, names
+        assert not names & {"linrec::scan_triton", "linrec::scan_backward_triton"}, names
+        expect = torch.autograd.grad(torch.ops.linrec.scan_triton(*leaves, -1, False, "triton.t1024",
+                                                                  "triton.t4096").sum(), leaves)
+        for a, b in zip(grads, expect):
+            assert torch.equal(a, b)
+    finally:
+        dispatch.clear_memo()
+
+
 @pytest.mark.parametrize("length,expect", [(48, "triton.t1024"), (37, None), (1000, None), (4096, "triton.t1024")])
 def test_tuned_triton_choice_needs_a_length_multiple_of_16(length, expect):
     """A tuned Triton choice runs only at lengths that are multiples of 16 (csrc/linrec/tuned.h);

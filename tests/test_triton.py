@@ -171,6 +171,35 @@ def test_errors():
         torch.ops.linrec.scan_backward_triton(_make((2, 4)), c, x, None, -1, False)
 
 
+@pytest.mark.parametrize("case", ["seq", "chan", "broadcast"])
+def test_eager_twins(case):
+    """The eager twins the native ops call for a Triton "auto" entry (linrec::_scan_triton_eager,
+    _scan_backward_triton_eager) give the public ops' outputs bit for bit, pass opcheck's schema, fake
+    and AOT-dispatch checks (no autograd: they are called below it), and raise the public ops'
+    ValueError for float64, which the native op's checks let through."""
+    if case == "seq":
+        x, c, h0, dim, rev = _make((3, 7)), _coeffs((3, 7)), _make((3,)), -1, False
+    elif case == "chan":
+        x, c, h0, dim, rev = _make((2, 5, 6)), _coeffs((2, 5, 6)), None, 1, True
+    else:
+        x, c, h0, dim, rev = _make((2, 5, 3)), _coeffs((3,)), _make((3,)), 1, False
+    fwd, bwd = torch.ops.linrec._scan_triton_eager.default, torch.ops.linrec._scan_backward_triton_eager.default
+    y = fwd(x, c, h0, dim, rev, "triton.t1024", None)
+    assert torch.equal(y, torch.ops.linrec.scan_triton(x, c, h0, dim, rev, "triton.t1024"))
+    gy = _make(x.shape, seed=5)
+    got = bwd(gy, c, y, h0, dim, rev, "triton.t4096")
+    expect = torch.ops.linrec.scan_backward_triton(gy, c, y, h0, dim, rev, "triton.t4096")
+    assert all(torch.equal(a, b) for a, b in zip(got, expect))
+    checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    for op, args in ((fwd, (x, c, h0, dim, rev, "triton.t1024", None)), (bwd, (gy, c, y, h0, dim, rev, None))):
+        result = torch.library.opcheck(op, args, test_utils=checks)
+        assert all(v == "SUCCESS" for v in result.values()), result
+    with pytest.raises(ValueError, match="float64"):
+        fwd(x.double(), c.double(), None, dim, rev, None, None)
+    with pytest.raises(ValueError, match="float64"):
+        bwd(gy.double(), c.double(), y.double(), None, dim, rev, None)
+
+
 @pytest.mark.parametrize("case,configs", [("seq", ()), ("chan", ("triton.t1024", "triton.t4096")),
                                           ("broadcast", ("triton", "native"))])
 def test_opcheck(case, configs):

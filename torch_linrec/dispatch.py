@@ -16,8 +16,9 @@ e.g. ``(B, L, D)`` with ``dim=1``), with ``-bcast`` when coeffs broadcast; lengt
 
 The cache is applied by the ops, not here: ``"auto"`` calls ``linrec::scan`` with config
 ``"auto"``, which looks the call's bucket up in a table this module hands to the C++ side once per
-device (csrc/linrec/tuned.h), and runs the Triton op from there when the entry names a Triton
-config. So a call pays no Python for the lookup, and under ``torch.compile`` the graph holds the
+device (csrc/linrec/tuned.h), and runs the Triton kernels from there when the entry names a Triton
+config (through the Triton ops' eager twins, torch_linrec/linrec/triton/ops.py). So a call pays no
+Python for the lookup, and under ``torch.compile`` the graph holds the
 op with ``"auto"`` (no graph break, one frame across lengths) and each compiled call still gets its
 own bucket's choice.
 """

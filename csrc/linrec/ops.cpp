@@ -87,6 +87,18 @@ const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_op() {
   return op;
 }
 
+const c10::TypedOperatorHandle<ScanSig>& scan_triton_eager_op() {
+  const std::string error = import_triton_ops("linrec::_scan_triton_eager");
+  static const auto op = find_triton_op<ScanSig>("linrec::_scan_triton_eager", error);
+  return op;
+}
+
+const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_eager_op() {
+  const std::string error = import_triton_ops("linrec::_scan_backward_triton_eager");
+  static const auto op = find_triton_op<ScanBackwardSig>("linrec::_scan_backward_triton_eager", error);
+  return op;
+}
+
 namespace {
 
 const char* dtype_name(at::ScalarType t) {
@@ -190,7 +202,7 @@ Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tens
     const OptConfig cfg = resolved ? OptConfig(*resolved) : std::nullopt;
     if (is_triton_config(cfg)) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return scan_triton_op().call(x, coeffs, initial, dim, reverse, cfg, std::nullopt);
+      return scan_triton_eager_op().call(x, coeffs, initial, d, reverse, cfg, std::nullopt);
     }
     return scan_impl(x, coeffs, initial, dim, reverse, cfg, launch);
   }
@@ -216,21 +228,21 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, cons
                                                       const std::optional<Tensor>& initial, int64_t dim, bool reverse,
                                                       const OptConfig& config, ScanLauncher launch) {
   const int64_t d = check_scan_inputs("linrec.scan_backward", y, coeffs, initial, dim);
-  if (is_auto(config)) {
-    const auto resolved = resolve_auto(true, y, coeffs, d);
-    const OptConfig cfg = resolved ? OptConfig(*resolved) : std::nullopt;
-    if (is_triton_config(cfg)) {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return scan_backward_triton_op().call(grad_y, coeffs, y, initial, dim, reverse, cfg);
-    }
-    return scan_backward_impl(grad_y, coeffs, y, initial, dim, reverse, cfg, launch);
-  }
-  check_config("linrec.scan_backward", config);
   TORCH_CHECK_VALUE(grad_y.sizes() == y.sizes(), "linrec.scan_backward: grad_y must have the shape of y (",
                     shape(y.sizes()), "), got ", shape(grad_y.sizes()));
   TORCH_CHECK_VALUE(grad_y.scalar_type() == y.scalar_type() && grad_y.device() == y.device(),
                     "linrec.scan_backward: grad_y must have the dtype and device of y (", dt(y.scalar_type()), ", ",
                     dev(y.device()), "), got ", dt(grad_y.scalar_type()), ", ", dev(grad_y.device()));
+  if (is_auto(config)) {
+    const auto resolved = resolve_auto(true, y, coeffs, d);
+    const OptConfig cfg = resolved ? OptConfig(*resolved) : std::nullopt;
+    if (is_triton_config(cfg)) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return scan_backward_triton_eager_op().call(grad_y, coeffs, y, initial, d, reverse, cfg);
+    }
+    return scan_backward_impl(grad_y, coeffs, y, initial, dim, reverse, cfg, launch);
+  }
+  check_config("linrec.scan_backward", config);
   // Broadcast coeffs: on CUDA the kernels add their gradient into a float32 buffer of the coeffs'
   // shape (no full-size temporary); elsewhere, and under torch.use_deterministic_algorithms(True)
   // (atomic adds sum in a timing-dependent order), it is computed full size and reduced.

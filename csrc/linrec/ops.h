@@ -27,7 +27,7 @@ using ScanLauncher = void (*)(const ScanParams& params, at::ScalarType dtype, co
 // the native ops reject and the autograd of linrec::scan hands to the Triton backward; a name
 // behind "prefer:" is a preference: where it does not apply, the default runs. "auto" (tuned.h)
 // runs the tuned cache's choice for the call's bucket on its device, which may be a Triton config
-// (the native op then calls the Triton op), else the default.
+// (the native op then runs it through linrec::_scan_triton_eager, below), else the default.
 constexpr const char* kNativeDefault = "native";
 constexpr const char* kTritonDefault = "triton";
 constexpr const char* kTritonConfigPrefix = "triton.";
@@ -48,6 +48,11 @@ const c10::TypedOperatorHandle<ScanSig>& scan_op();
 // (imported on first use); ValueError if they cannot be registered.
 const c10::TypedOperatorHandle<ScanSig>& scan_triton_op();
 const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_op();
+// Their eager twins linrec::_scan_triton_eager and linrec::_scan_backward_triton_eager, which the
+// native ops' kernels call for a Triton "auto" entry (below autograd, arguments checked; compiled
+// graphs hold the native op there): plain Python kernels, without the public ops' custom-op layers.
+const c10::TypedOperatorHandle<ScanSig>& scan_triton_eager_op();
+const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_eager_op();
 
 // Checks of a scan's operands (the same as torch_linrec/linrec/checks.py: check_scan_args), naming
 // them x_name and coeffs_name in messages; returns the wrapped scan dim. Raises ValueError.

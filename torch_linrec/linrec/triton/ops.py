@@ -9,6 +9,7 @@ operand allows it, as csrc/scan_ops.cpp does; ``(N, L)``, ``(B, L, D)``, ``(B, H
 transposed, sliced and broadcast (stride-0) operands all fit in two batch axes. Layouts that need
 three or more are run on contiguous copies (the one case that copies).
 """
+import contextlib
 import functools
 import importlib
 import math
@@ -268,7 +269,12 @@ def scan_triton(x: torch.Tensor, coeffs: torch.Tensor, initial: Optional[torch.T
             range, coeffs or initial not broadcastable, an unknown config.
     """
     d = check_scan_args("linrec.scan_triton", x, coeffs, initial, dim, float64_ok=False)
-    tiles = _resolve_config("linrec.scan_triton", config)
+    return _forward(x, coeffs, initial, d, reverse, _resolve_config("linrec.scan_triton", config))
+
+
+def _forward(x: torch.Tensor, coeffs: torch.Tensor, initial: Optional[torch.Tensor], d: int, reverse: bool,
+             tiles: tuple[int, int]) -> torch.Tensor:
+    """:func:`scan_triton` on checked arguments (``d`` wrapped)."""
     y = torch.empty_like(x)
     if y.numel() == 0:
         return y
@@ -304,7 +310,12 @@ def scan_backward_triton(grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Te
         ValueError: as :func:`scan_triton`, or grad_y of another shape than y.
     """
     d = check_scan_backward_args("linrec.scan_backward_triton", grad_y, coeffs, y, initial, dim, float64_ok=False)
-    tiles = _resolve_config("linrec.scan_backward_triton", config)
+    return _backward(grad_y, coeffs, y, initial, d, reverse, _resolve_config("linrec.scan_backward_triton", config))
+
+
+def _backward(grad_y: torch.Tensor, coeffs: torch.Tensor, y: torch.Tensor, initial: Optional[torch.Tensor], d: int,
+              reverse: bool, tiles: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`scan_backward_triton` on checked arguments (``d`` wrapped)."""
     grad_x = torch.empty_like(y)
     grad_c = torch.empty_like(y)
     grad_h0 = y.new_empty(batch_shape(y, d))
@@ -349,6 +360,50 @@ def _opaque_when_interpreted(op_def) -> None:
 
 _opaque_when_interpreted(scan_triton)
 _opaque_when_interpreted(scan_backward_triton)
+
+# The kernels as the native ops' kernels call them for a tuned "auto" entry naming a Triton config
+# (csrc/linrec/ops.cpp). Those calls come below autograd with arguments the native op has checked, so
+# these ops are plain Library kernels that go straight to the launch, without triton_op's custom-op
+# layers and its wrap_triton HOP (bench/NOTES.md item 73). Compiled graphs hold the native op with
+# "auto", so these are not traced; their fakes allocate as the public ops do.
+_EAGER_LIB = torch.library.Library("linrec", "FRAGMENT")
+_EAGER_LIB.define("_scan_triton_eager(Tensor x, Tensor coeffs, Tensor? initial, int dim, bool reverse, "
+                  "str? config, str? backward_config) -> Tensor")
+_EAGER_LIB.define("_scan_backward_triton_eager(Tensor grad_y, Tensor coeffs, Tensor y, Tensor? initial, int dim, "
+                  "bool reverse, str? config) -> (Tensor, Tensor, Tensor)")
+_no_hop = getattr(torch._library.triton, "set_wrap_triton_enabled", None)  # what triton_op's eager path uses
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _scan_triton_eager(x, coeffs, initial, dim, reverse, config, backward_config=None):
+    if x.dtype not in _DTYPES:  # the native op's checks allow float64
+        check_scan_args("linrec.scan_triton", x, coeffs, initial, dim, float64_ok=False)
+    tiles = _resolve_config("linrec.scan_triton", config)
+    with _no_hop(False) if _no_hop is not None else contextlib.nullcontext():
+        return _forward(x, coeffs, initial, dim % x.dim(), reverse, tiles)
+
+
+def _scan_backward_triton_eager(grad_y, coeffs, y, initial, dim, reverse, config):
+    if y.dtype not in _DTYPES:
+        check_scan_backward_args("linrec.scan_backward_triton", grad_y, coeffs, y, initial, dim, float64_ok=False)
+    tiles = _resolve_config("linrec.scan_backward_triton", config)
+    with _no_hop(False) if _no_hop is not None else contextlib.nullcontext():
+        return _backward(grad_y, coeffs, y, initial, dim % y.dim(), reverse, tiles)
+
+
+@torch.library.register_fake("linrec::_scan_triton_eager", lib=_EAGER_LIB)
+def _scan_triton_eager_fake(x, coeffs, initial, dim, reverse, config, backward_config=None):
+    return _forward(x, coeffs, initial, dim % x.dim(), reverse, _resolve_config("linrec.scan_triton", config))
+
+
+@torch.library.register_fake("linrec::_scan_backward_triton_eager", lib=_EAGER_LIB)
+def _scan_backward_triton_eager_fake(grad_y, coeffs, y, initial, dim, reverse, config):
+    tiles = _resolve_config("linrec.scan_backward_triton", config)
+    return _backward(grad_y, coeffs, y, initial, dim % y.dim(), reverse, tiles)
+
+
+_EAGER_LIB.impl("_scan_triton_eager", _scan_triton_eager, "CompositeExplicitAutograd")
+_EAGER_LIB.impl("_scan_backward_triton_eager", _scan_backward_triton_eager, "CompositeExplicitAutograd")
 _ops.register_scan_autograd("linrec::scan_triton")
 register_functorch("scan_triton", torch.ops.linrec.scan_triton)
 for _name, _doc in _DOCS.items():
