@@ -171,18 +171,22 @@ def test_errors():
         torch.ops.linrec.scan_backward_triton(_make((2, 4)), c, x, None, -1, False)
 
 
+def _op_case(case):
+    """(x, coeffs, initial, dim, reverse) of the op-level cases: rows, channels, broadcast coeffs."""
+    if case == "seq":
+        return _make((3, 7)), _coeffs((3, 7)), _make((3,)), -1, False
+    if case == "chan":
+        return _make((2, 5, 6)), _coeffs((2, 5, 6)), None, 1, True
+    return _make((2, 5, 3)), _coeffs((3,)), _make((3,)), 1, False
+
+
 @pytest.mark.parametrize("case", ["seq", "chan", "broadcast"])
 def test_eager_twins(case):
     """The eager twins the native ops call for a Triton "auto" entry (linrec::_scan_triton_eager,
     _scan_backward_triton_eager) give the public ops' outputs bit for bit, pass opcheck's schema, fake
     and AOT-dispatch checks (no autograd: they are called below it), and raise the public ops'
     ValueError for float64, which the native op's checks let through."""
-    if case == "seq":
-        x, c, h0, dim, rev = _make((3, 7)), _coeffs((3, 7)), _make((3,)), -1, False
-    elif case == "chan":
-        x, c, h0, dim, rev = _make((2, 5, 6)), _coeffs((2, 5, 6)), None, 1, True
-    else:
-        x, c, h0, dim, rev = _make((2, 5, 3)), _coeffs((3,)), _make((3,)), 1, False
+    x, c, h0, dim, rev = _op_case(case)
     fwd, bwd = torch.ops.linrec._scan_triton_eager.default, torch.ops.linrec._scan_backward_triton_eager.default
     y = fwd(x, c, h0, dim, rev, "triton.t1024", None)
     assert torch.equal(y, torch.ops.linrec.scan_triton(x, c, h0, dim, rev, "triton.t1024"))
@@ -205,12 +209,7 @@ def test_eager_twins(case):
 def test_opcheck(case, configs):
     """torch.library.opcheck on both ops (schema, fake, autograd registration, AOT dispatch), with and
     without config arguments (a native backward_config runs the native backward op under autograd)."""
-    if case == "seq":
-        x, c, h0, dim, rev = _make((3, 7)), _coeffs((3, 7)), _make((3,)), -1, False
-    elif case == "chan":
-        x, c, h0, dim, rev = _make((2, 5, 6)), _coeffs((2, 5, 6)), None, 1, True
-    else:
-        x, c, h0, dim, rev = _make((2, 5, 3)), _coeffs((3,)), _make((3,)), 1, False
+    x, c, h0, dim, rev = _op_case(case)
     args = [t.requires_grad_() if t is not None else None for t in (x, c, h0)]
     result = torch.library.opcheck(torch.ops.linrec.scan_triton, (*args, dim, rev, *configs))
     assert all(v == "SUCCESS" for v in result.values()), result

@@ -68,6 +68,20 @@ c10::TypedOperatorHandle<Sig> find_triton_op(const char* name, const std::string
   return handle->typed<Sig>();
 }
 
+// The handle of an op torch_linrec.linrec.triton registers (the import outside the static's
+// initialization, see import_triton_ops; a failed lookup raises and is tried again on the next call).
+template <typename Sig, const char* kName>
+const c10::TypedOperatorHandle<Sig>& python_op() {
+  const std::string error = import_triton_ops(kName);
+  static const auto op = find_triton_op<Sig>(kName, error);
+  return op;
+}
+
+constexpr char kScanTriton[] = "linrec::scan_triton";
+constexpr char kScanBackwardTriton[] = "linrec::scan_backward_triton";
+constexpr char kScanTritonEager[] = "linrec::_scan_triton_eager";
+constexpr char kScanBackwardTritonEager[] = "linrec::_scan_backward_triton_eager";
+
 }  // namespace
 
 const c10::TypedOperatorHandle<ScanSig>& scan_op() {
@@ -76,27 +90,19 @@ const c10::TypedOperatorHandle<ScanSig>& scan_op() {
 }
 
 const c10::TypedOperatorHandle<ScanSig>& scan_triton_op() {
-  const std::string error = import_triton_ops("linrec::scan_triton");
-  static const auto op = find_triton_op<ScanSig>("linrec::scan_triton", error);
-  return op;
+  return python_op<ScanSig, kScanTriton>();
 }
 
 const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_op() {
-  const std::string error = import_triton_ops("linrec::scan_backward_triton");
-  static const auto op = find_triton_op<ScanBackwardSig>("linrec::scan_backward_triton", error);
-  return op;
+  return python_op<ScanBackwardSig, kScanBackwardTriton>();
 }
 
 const c10::TypedOperatorHandle<ScanSig>& scan_triton_eager_op() {
-  const std::string error = import_triton_ops("linrec::_scan_triton_eager");
-  static const auto op = find_triton_op<ScanSig>("linrec::_scan_triton_eager", error);
-  return op;
+  return python_op<ScanSig, kScanTritonEager>();
 }
 
 const c10::TypedOperatorHandle<ScanBackwardSig>& scan_backward_triton_eager_op() {
-  const std::string error = import_triton_ops("linrec::_scan_backward_triton_eager");
-  static const auto op = find_triton_op<ScanBackwardSig>("linrec::_scan_backward_triton_eager", error);
-  return op;
+  return python_op<ScanBackwardSig, kScanBackwardTritonEager>();
 }
 
 namespace {
