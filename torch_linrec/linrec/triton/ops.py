@@ -375,7 +375,15 @@ _no_hop = getattr(torch._library.triton, "set_wrap_triton_enabled", None)  # wha
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+@_documented
 def _scan_triton_eager(x, coeffs, initial, dim, reverse, config, backward_config=None):
+    """Private: :func:`scan_triton`'s kernels as ``linrec::scan`` calls them for a tuned ``"auto"``
+    entry naming a Triton config (below autograd, arguments checked by the native op; no autograd
+    of its own). Arguments and result as :func:`scan_triton` (``backward_config`` is ignored).
+
+    Raises:
+        ValueError: an unknown config; float64 or another dtype the Triton kernels do not take.
+    """
     if x.dtype not in _DTYPES:  # the native op's checks allow float64
         check_scan_args("linrec.scan_triton", x, coeffs, initial, dim, float64_ok=False)
     tiles = _resolve_config("linrec.scan_triton", config)
@@ -383,7 +391,15 @@ def _scan_triton_eager(x, coeffs, initial, dim, reverse, config, backward_config
         return _forward(x, coeffs, initial, dim % x.dim(), reverse, tiles)
 
 
+@_documented
 def _scan_backward_triton_eager(grad_y, coeffs, y, initial, dim, reverse, config):
+    """Private: :func:`scan_backward_triton`'s kernels as ``linrec::scan_backward`` calls them for a
+    tuned ``"auto"`` entry naming a Triton config (arguments checked by the native op). Arguments
+    and results as :func:`scan_backward_triton`.
+
+    Raises:
+        ValueError: an unknown config; float64 or another dtype the Triton kernels do not take.
+    """
     if y.dtype not in _DTYPES:
         check_scan_backward_args("linrec.scan_backward_triton", grad_y, coeffs, y, initial, dim, float64_ok=False)
     tiles = _resolve_config("linrec.scan_backward_triton", config)
