@@ -302,6 +302,20 @@ inline bool backward_lookback_1024(const ScanParams& p, int elem_size, const Dev
          walk_tiles > 8 && walk_tiles <= 16;
 }
 
+// The default stream config of a problem: `def.stream`, or `def.stream_short` for rows of at most
+// `def.stream_short_tiles` of its tiles with at least two rows per SM (configs_sm90.h says why).
+inline int stream_default(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def) {
+  const bool short_rows = p.num_seq >= 2 * int64_t(dev.num_sms) &&
+                          ceil_div(p.len, stream_config(elem_size, def.stream).tile()) <= def.stream_short_tiles;
+  return short_rows && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream_short) ? def.stream_short
+                                                                                               : def.stream;
+}
+
+// Whether stream_default picks `def.stream_short` for the problem.
+inline bool takes_stream_short(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def) {
+  return def.stream_short >= 0 && stream_default(p, elem_size, dev, def) == def.stream_short;
+}
+
 // Whether rows longer than the longest tile but of at most two stream tiles, 1.5 to 8 per SM (fewer
 // than the walk takes), chain 1024-step look-back tiles instead of taking one stream block each:
 // a block per row has little to overlap its loads with. H100, ratio to torch.add, stream ->
@@ -317,26 +331,18 @@ inline bool short_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
   // the H100 / H200 against 0.64 / 0.55 on the look-back tiles, float32 264 x 8192 0.90 against 0.68
   // (H100), but float32 1000 x 4608 (a quarter tile left) 0.71 against 0.82. The backward's look-back
   // tiles were ahead at 400 x 12288, 0.81 / 0.73 against 0.79 / 0.61 (bench/NOTES.md items 72-73).
-  bool stream_fwd = false;
-  if (!p.backward && def.stream_short >= 0 && p.num_seq >= 2 * int64_t(dev.num_sms)) {
-    const int64_t short_tile = stream_config(elem_size, def.stream_short).tile();
-    stream_fwd = 2 * (p.len % short_tile) >= short_tile || p.len % short_tile == 0;
-  }
-  return stream_ok && !p.deterministic && !stream_fwd && p.len > longest_tile && 2 * p.num_seq >= 3 * dev.num_sms &&
-         p.num_seq < 8 * int64_t(dev.num_sms) && ceil_div(p.len, stream_config(elem_size, def.stream).tile()) <= 2;
+  if (!stream_ok || p.deterministic || p.len <= longest_tile || 2 * p.num_seq < 3 * dev.num_sms ||
+      p.num_seq >= 8 * int64_t(dev.num_sms) || ceil_div(p.len, stream_config(elem_size, def.stream).tile()) > 2)
+    return false;
+  if (p.backward || !takes_stream_short(p, elem_size, dev, def)) return true;
+  const int64_t short_tile = stream_config(elem_size, def.stream_short).tile();
+  const int64_t last = p.len % short_tile;  // steps in a partial last tile
+  return last != 0 && 2 * last < short_tile;
 }
 
-// The default stream config of a problem: `def.stream`, or `def.stream_short` for rows of at most
-// `def.stream_short_tiles` of its tiles with at least two rows per SM (configs_sm90.h says why).
-inline int stream_default(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def) {
-  const bool short_rows = p.num_seq >= 2 * int64_t(dev.num_sms) &&
-                          ceil_div(p.len, stream_config(elem_size, def.stream).tile()) <= def.stream_short_tiles;
-  return short_rows && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream_short) ? def.stream_short
-                                                                                               : def.stream;
-}
-
-// Whether 4-byte rows longer than the longest tile, of at most four whole stream tiles, two or more
-// per SM, take the stream kernel (its 256-thread config) however many they are, rather than walk:
+// Whether 4-byte rows longer than the longest tile, of whole stream tiles, that stream_default gives
+// the 256-thread config (at most four tiles, two or more rows per SM) take the stream kernel
+// however many they are, rather than walk:
 // float32 3000 x 8192 walked 0.90 / 0.95 of torch.add (fwd / bwd, H100), 0.84 / 0.89 (H200), on the
 // stream kernel 0.97 / 0.99, 0.94 / 0.97; H100 4096 x 8192 0.92 / 0.96 against 0.99 / 0.99, 2000 x
 // 8192 0.91 / 0.96 against 0.95 / 1.00 (bench/NOTES.md items 72-73). Not 2-byte rows (bf16 3000 x 8192
@@ -344,11 +350,9 @@ inline int stream_default(const ScanParams& p, int elem_size, const DeviceInfo& 
 // 6000: 0.87 / 0.93 walked, 0.83 / 0.89).
 inline bool stream_whole_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def,
                               bool stream_ok) {
-  if (elem_size != 4 || !stream_ok || def.stream_short < 0) return false;
-  const int64_t stream_tile = stream_config(elem_size, def.stream).tile();
   const int64_t longest_tile = tile_config(elem_size, kNumSizeTileConfigs - 1).tile();
-  return p.len > longest_tile && p.len % stream_tile == 0 && p.len / stream_tile <= 4 &&
-         p.num_seq >= 2 * int64_t(dev.num_sms);
+  return elem_size == 4 && stream_ok && p.len > longest_tile &&
+         p.len % stream_config(elem_size, def.stream).tile() == 0 && takes_stream_short(p, elem_size, dev, def);
 }
 
 inline void plan_stream(ScanPlan& plan, const ScanParams& p, int elem_size, int config) {
@@ -435,7 +439,7 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     } else {
       const bool stream_ok = def.stream >= 0 && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
       if (stream_whole_rows(p, elem_size, dev, def, stream_ok)) {
-        plan_stream(plan, p, elem_size, stream_default(p, elem_size, dev, def));
+        plan_stream(plan, p, elem_size, def.stream_short);
         return plan;
       }
       const bool walk_many = walk_over_lookback(p, elem_size, dev, def, stream_ok);

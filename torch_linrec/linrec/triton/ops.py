@@ -371,8 +371,13 @@ _EAGER_LIB.define("_scan_triton_eager(Tensor x, Tensor coeffs, Tensor? initial, 
                   "str? config, str? backward_config) -> Tensor")
 _EAGER_LIB.define("_scan_backward_triton_eager(Tensor grad_y, Tensor coeffs, Tensor y, Tensor? initial, int dim, "
                   "bool reverse, str? config) -> (Tensor, Tensor, Tensor)")
-_no_hop = getattr(torch._library.triton, "set_wrap_triton_enabled", None)  # what triton_op's eager path uses
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _direct_launches():
+    """A context in which wrap_triton launches the kernels directly, as triton_op's eager path has it."""
+    no_hop = getattr(torch._library.triton, "set_wrap_triton_enabled", None)
+    return no_hop(False) if no_hop is not None else contextlib.nullcontext()
 
 
 @_documented
@@ -387,7 +392,7 @@ def _scan_triton_eager(x, coeffs, initial, dim, reverse, config, backward_config
     if x.dtype not in _DTYPES:  # the native op's checks allow float64
         check_scan_args("linrec.scan_triton", x, coeffs, initial, dim, float64_ok=False)
     tiles = _resolve_config("linrec.scan_triton", config)
-    with _no_hop(False) if _no_hop is not None else contextlib.nullcontext():
+    with _direct_launches():
         return _forward(x, coeffs, initial, dim % x.dim(), reverse, tiles)
 
 
@@ -403,7 +408,7 @@ def _scan_backward_triton_eager(grad_y, coeffs, y, initial, dim, reverse, config
     if y.dtype not in _DTYPES:
         check_scan_backward_args("linrec.scan_backward_triton", grad_y, coeffs, y, initial, dim, float64_ok=False)
     tiles = _resolve_config("linrec.scan_backward_triton", config)
-    with _no_hop(False) if _no_hop is not None else contextlib.nullcontext():
+    with _direct_launches():
         return _backward(grad_y, coeffs, y, initial, dim % y.dim(), reverse, tiles)
 
 
