@@ -58,6 +58,80 @@ union StepVectors {
   static __device__ __forceinline__ int first_step(int k, bool rev) { return rev ? E - (k + 1) * kVec : k * kVec; }
 };
 
+// Warp-striped 16-byte accesses for a warp whose 32 x E steps all lie in the row: each access
+// instruction of the warp covers 512 contiguous bytes, and shared memory moves the vectors between
+// that order and the blocked one the scan needs (lane l: steps tf .. tf+E-1, tf = the warp's first
+// step + l * E). Blocked 16-byte accesses of two or more vectors per lane touch twice the sectors
+// per instruction: on the H200 (ncu) bf16 1000 x 4096 on 4096-step tiles took 13.8 us that way
+// and 8.8 us striped (bench/NOTES.md item 74).
+template <typename T, int E, int NT>
+struct WarpStripe {
+  static constexpr int kVectors = E * static_cast<int>(sizeof(T)) / 16;  // per lane
+  static constexpr bool kOn = NT >= 32 && NT % 32 == 0 && kVectors >= 2;
+  using Vectors = uint4[kVectors];
+
+  // The shared-memory slot of the warp's vector j (memory order), swizzled so that neither the
+  // striped (lane-consecutive) nor the blocked (kVectors apart) accesses of 8 lanes share banks.
+  static __device__ __forceinline__ int slot(int j) { return j ^ ((j >> 3) & (kVectors - 1)); }
+  static __device__ __forceinline__ uint4* stage() {
+    __shared__ uint4 buffer[kOn ? NT * kVectors : 1];
+    return buffer + (threadIdx.x & ~31) * kVectors;
+  }
+  // The warp's lowest vector (ls = +-1): lane 0 starts the walk (ls > 0) or ends it in memory.
+  template <typename P>
+  static __device__ __forceinline__ P* first_vector(P* base, int64_t ls, int64_t tf) {
+    const int64_t w0 = tf - static_cast<int64_t>(threadIdx.x & 31) * E;
+    return reinterpret_cast<P*>(ls > 0 ? base + w0 : base - (w0 + 32 * E - 1));
+  }
+  // Lane l's blocked run is the (l)th of the warp in memory order, or the (31 - l)th when ls < 0.
+  static __device__ __forceinline__ int run(int64_t ls) { return ls > 0 ? (threadIdx.x & 31) : 31 - (threadIdx.x & 31); }
+
+  static __device__ __forceinline__ void load(const T* base, int64_t ls, int64_t tf, Vectors& g) {
+    const uint4* v0 = reinterpret_cast<const uint4*>(first_vector(base, ls, tf));
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) g[k] = v0[k * 32 + (threadIdx.x & 31)];
+  }
+  // Striped vectors (from load) -> this lane's E steps in walk order.
+  static __device__ __forceinline__ void unstripe(const Vectors& g, int64_t ls, float (&out)[E]) {
+    uint4* st = stage();
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) st[slot(k * 32 + (threadIdx.x & 31))] = g[k];
+    __syncwarp();
+    StepVectors<T, E> buf;
+    const int run0 = run(ls) * kVectors;
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) buf.u[k] = st[slot(run0 + k)];
+    __syncwarp();
+    if (ls > 0) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[E - 1 - i]);
+    }
+  }
+  // This lane's E steps (walk order) -> memory, striped.
+  static __device__ __forceinline__ void store(T* base, int64_t ls, int64_t tf, const float (&v)[E]) {
+    StepVectors<T, E> buf;
+    if (ls > 0) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) buf.t[i] = from_float<T>(v[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < E; ++i) buf.t[E - 1 - i] = from_float<T>(v[i]);
+    }
+    uint4* st = stage();
+    const int run0 = run(ls) * kVectors;
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) st[slot(run0 + k)] = buf.u[k];
+    __syncwarp();
+    uint4* v0 = reinterpret_cast<uint4*>(first_vector(base, ls, tf));
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) v0[k * 32 + (threadIdx.x & 31)] = st[slot(k * 32 + (threadIdx.x & 31))];
+    __syncwarp();
+  }
+};
+
 // The 16-byte vectors holding steps tf .. tf+E-1 (element t at base + t * ls), in memory order;
 // kEdgeVectors: those holding no step of `r` read as zeros (see load_steps).
 template <typename T, int E, bool kEdgeVectors>
@@ -285,9 +359,22 @@ __device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&y
 // the block holds the E steps after thread i-1's. The backward's c[tf-1] and y[tf+E] are the
 // neighbouring lanes' end values (shuffles): only the lanes at a warp's edges load them from
 // global memory, where every lane used to (one sector per lane and load).
-template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false>
+// kStripe: full warps load the forward's operands striped (WarpStripe; the tile kernel's own tiles,
+// not the stream kernel's partial ones, whose shared memory is budgeted to the byte).
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false, bool kStripe = false>
 __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float (&v)[E], float (&c)[E], float (&yn)[E]) {
+  using Stripe = WarpStripe<T, E, NT>;
+  if constexpr (kStripe && !kBackward && Stripe::kOn) {
+    if ((vm >> kIn & 1) && (vm >> kCoeff & 1) && __all_sync(0xffffffffu, r.full(E))) {
+      typename Stripe::Vectors gv, gc;  // both operands' loads in flight before either is rearranged
+      Stripe::load(s.in, s.ls_in, tf, gv);
+      Stripe::load(s.cf, s.ls_c, tf, gc);
+      Stripe::unstripe(gv, s.ls_in, v);
+      Stripe::unstripe(gc, s.ls_c, c);
+      return;
+    }
+  }
   load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
   load_steps<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, 1.f, c);
   if constexpr (kBackward) {
@@ -442,10 +529,17 @@ __device__ __forceinline__ float replay_steps(float h, StepSpan r, float (&v)[E]
 
 // Stores a thread's outputs after replay_steps (backward: `yn` holds dc) except the slots in
 // `skip` (staged for a bulk store by the caller).
-template <typename T, int E, bool kBackward, bool kEdgeVectors = false>
+// kStripeNT: the block's threads, whose full warps store striped (WarpStripe), or 0.
+template <typename T, int E, bool kBackward, bool kEdgeVectors = false, int kStripeNT = 0>
 __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r, unsigned vm,
                                               unsigned skip, float h_last, const float (&v)[E], const float (&yn)[E]) {
   if constexpr (!kBackward) {
+    if constexpr (WarpStripe<T, E, kStripeNT>::kOn) {
+      if (!(skip >> kOut & 1) && (vm >> kOut & 1) && __all_sync(0xffffffffu, r.full(E))) {
+        WarpStripe<T, E, kStripeNT>::store(s.y, s.ls_y, tf, v);
+        return;
+      }
+    }
     if (!(skip >> kOut & 1)) store_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, v);
   } else {
     if (!(skip >> kGradIn & 1)) store_steps<T, E, kEdgeVectors>(s.dx, s.ls_dx, tf, r, vm >> kGradIn & 1, v);
@@ -460,7 +554,7 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
 // Replays a thread's steps from the state `h` before them and stores the outputs.
 // (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
 // many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
-template <typename T, int E, bool kBackward, bool kEdgeVectors, typename C, typename Y>
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, typename C, typename Y>
 __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float h, float (&v)[E], const C& c, Y& yn) {
   if constexpr (std::is_same_v<Y, PackedSteps<T, E>>) {
@@ -469,7 +563,7 @@ __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t
     store_outputs<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, 0u, h_last, v, dc);
   } else {
     const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
-    store_outputs<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, 0u, h_last, v, yn);
+    store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, yn);
   }
 }
 
@@ -491,7 +585,7 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
                                                     StepSpan r, unsigned vm, float (&v)[E], const C& c, Y& yn) {
   Affine prefix;
   cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
-  replay_and_store<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, prefix.b, v, c, yn);
+  replay_and_store<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, prefix.b, v, c, yn);
 }
 
 // One block per sequence (all its tiles, one after the other) or, with look-back
@@ -562,7 +656,7 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
     if constexpr (kPacked)
       load_tile_global_packed<T, E, NT, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
     else
-      load_tile_global<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
+      load_tile_global<T, E, NT, kBackward, kEdgeVectors, /*kStripe=*/true>(s, L, tf, r, vm, v, c, yn);
     scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
     __syncthreads();  // scan_storage is reused by the next tile
   }
