@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "scan_common.cuh"
+#include "scan_stripe.cuh"
 
 namespace linrec {
 
@@ -48,90 +49,6 @@ __device__ __forceinline__ int vector_phase(const T* base, int64_t ls) {
   return ls > 0 ? m : kVec - 1 - m;
 }
 
-// A thread's E steps as E / kVec 16-byte vectors, in memory order (walk order reversed when ls < 0).
-template <typename T, int E>
-union StepVectors {
-  static constexpr int kVec = 16 / sizeof(T);
-  uint4 u[E / kVec];
-  T t[E];
-  // The lowest walk index among the steps of memory vector k, the vector holding those kVec steps.
-  static __device__ __forceinline__ int first_step(int k, bool rev) { return rev ? E - (k + 1) * kVec : k * kVec; }
-};
-
-// Warp-striped 16-byte accesses for a warp whose 32 x E steps all lie in the row: each access
-// instruction of the warp covers 512 contiguous bytes, and shared memory moves the vectors between
-// that order and the blocked one the scan needs (lane l: steps tf .. tf+E-1, tf = the warp's first
-// step + l * E). Blocked 16-byte accesses of two or more vectors per lane touch twice the sectors
-// per instruction: on the H200 (ncu) bf16 1000 x 4096 on 4096-step tiles took 13.8 us that way
-// and 8.8 us striped (bench/NOTES.md item 74).
-template <typename T, int E, int NT>
-struct WarpStripe {
-  static constexpr int kVectors = E * static_cast<int>(sizeof(T)) / 16;  // per lane
-  static constexpr bool kOn = NT >= 32 && NT % 32 == 0 && kVectors >= 2;
-  using Vectors = uint4[kVectors];
-
-  // The shared-memory slot of the warp's vector j (memory order), swizzled so that neither the
-  // striped (lane-consecutive) nor the blocked (kVectors apart) accesses of 8 lanes share banks.
-  static __device__ __forceinline__ int slot(int j) { return j ^ ((j >> 3) & (kVectors - 1)); }
-  static __device__ __forceinline__ uint4* stage() {
-    __shared__ uint4 buffer[kOn ? NT * kVectors : 1];
-    return buffer + (threadIdx.x & ~31) * kVectors;
-  }
-  // The warp's lowest vector (ls = +-1): lane 0 starts the walk (ls > 0) or ends it in memory.
-  template <typename P>
-  static __device__ __forceinline__ P* first_vector(P* base, int64_t ls, int64_t tf) {
-    const int64_t w0 = tf - static_cast<int64_t>(threadIdx.x & 31) * E;
-    return reinterpret_cast<P*>(ls > 0 ? base + w0 : base - (w0 + 32 * E - 1));
-  }
-  // Lane l's blocked run is the (l)th of the warp in memory order, or the (31 - l)th when ls < 0.
-  static __device__ __forceinline__ int run(int64_t ls) { return ls > 0 ? (threadIdx.x & 31) : 31 - (threadIdx.x & 31); }
-
-  static __device__ __forceinline__ void load(const T* base, int64_t ls, int64_t tf, Vectors& g) {
-    const uint4* v0 = reinterpret_cast<const uint4*>(first_vector(base, ls, tf));
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) g[k] = v0[k * 32 + (threadIdx.x & 31)];
-  }
-  // Striped vectors (from load) -> this lane's E steps in walk order.
-  static __device__ __forceinline__ void unstripe(const Vectors& g, int64_t ls, float (&out)[E]) {
-    uint4* st = stage();
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) st[slot(k * 32 + (threadIdx.x & 31))] = g[k];
-    __syncwarp();
-    StepVectors<T, E> buf;
-    const int run0 = run(ls) * kVectors;
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) buf.u[k] = st[slot(run0 + k)];
-    __syncwarp();
-    if (ls > 0) {
-#pragma unroll
-      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[E - 1 - i]);
-    }
-  }
-  // This lane's E steps (walk order) -> memory, striped.
-  static __device__ __forceinline__ void store(T* base, int64_t ls, int64_t tf, const float (&v)[E]) {
-    StepVectors<T, E> buf;
-    if (ls > 0) {
-#pragma unroll
-      for (int i = 0; i < E; ++i) buf.t[i] = from_float<T>(v[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < E; ++i) buf.t[E - 1 - i] = from_float<T>(v[i]);
-    }
-    uint4* st = stage();
-    const int run0 = run(ls) * kVectors;
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) st[slot(run0 + k)] = buf.u[k];
-    __syncwarp();
-    uint4* v0 = reinterpret_cast<uint4*>(first_vector(base, ls, tf));
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) v0[k * 32 + (threadIdx.x & 31)] = st[slot(k * 32 + (threadIdx.x & 31))];
-    __syncwarp();
-  }
-};
-
 // The 16-byte vectors holding steps tf .. tf+E-1 (element t at base + t * ls), in memory order;
 // kEdgeVectors: those holding no step of `r` read as zeros (see load_steps).
 template <typename T, int E, bool kEdgeVectors>
@@ -159,14 +76,7 @@ template <typename T, int E, bool kEdgeVectors = false>
 __device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec, float fill,
                                            float (&out)[E]) {
   if (vec && (kEdgeVectors || r.full(E))) {
-    const StepVectors<T, E> buf = load_vectors<T, E, kEdgeVectors>(base, ls, tf, r);
-    if (ls > 0) {
-#pragma unroll
-      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < E; ++i) out[i] = to_float(buf.t[E - 1 - i]);
-    }
+    vectors_to_steps<T, E>(load_vectors<T, E, kEdgeVectors>(base, ls, tf, r), ls, out);
     return;
   }
 #pragma unroll
@@ -181,13 +91,7 @@ __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, Ste
   using V = StepVectors<T, E>;
   if (vec && (kEdgeVectors || r.full(E))) {
     V buf;
-    if (ls > 0) {
-#pragma unroll
-      for (int i = 0; i < E; ++i) buf.t[i] = from_float<T>(v[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < E; ++i) buf.t[E - 1 - i] = from_float<T>(v[i]);
-    }
+    steps_to_vectors<T, E>(v, ls, buf);
     uint4* dst = reinterpret_cast<uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
     if (!kEdgeVectors || r.full(E)) {
 #pragma unroll
@@ -359,26 +263,33 @@ __device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&y
 // the block holds the E steps after thread i-1's. The backward's c[tf-1] and y[tf+E] are the
 // neighbouring lanes' end values (shuffles): only the lanes at a warp's edges load them from
 // global memory, where every lane used to (one sector per lane and load).
-// kStripe: full warps load the forward's operands striped (WarpStripe; the tile kernel's own tiles,
-// not the stream kernel's partial ones, whose shared memory is budgeted to the byte).
+// kStripe: full warps load the operands striped (WarpStripe; the tile kernel's own tiles, not the
+// stream kernel's partial ones, whose shared memory is budgeted to the byte).
 template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false, bool kStripe = false>
 __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float (&v)[E], float (&c)[E], float (&yn)[E]) {
   using Stripe = WarpStripe<T, E, NT>;
-  if constexpr (kStripe && !kBackward && Stripe::kOn) {
-    if ((vm >> kIn & 1) && (vm >> kCoeff & 1) && __all_sync(0xffffffffu, r.full(E))) {
-      typename Stripe::Vectors gv, gc;  // both operands' loads in flight before either is rearranged
+  bool striped = false;
+  if constexpr (kStripe && Stripe::kOn) {
+    constexpr unsigned kRead = 1u << kIn | 1u << kCoeff | (kBackward ? 1u << kOut : 0u);
+    if ((vm & kRead) == kRead && __all_sync(0xffffffffu, r.full(E))) {
+      typename Stripe::Vectors gv, gc, gy;  // every operand's loads in flight before any is rearranged
       Stripe::load(s.in, s.ls_in, tf, gv);
       Stripe::load(s.cf, s.ls_c, tf, gc);
-      Stripe::unstripe(gv, s.ls_in, v);
-      Stripe::unstripe(gc, s.ls_c, c);
-      return;
+      if constexpr (kBackward) Stripe::load(s.y, s.ls_y, tf, gy);
+      vectors_to_steps<T, E>(Stripe::gather(gv, s.ls_in), s.ls_in, v);
+      vectors_to_steps<T, E>(Stripe::gather(gc, s.ls_c), s.ls_c, c);
+      if constexpr (!kBackward) return;  // (an early return keeps the forward's registers as they were)
+      vectors_to_steps<T, E>(Stripe::gather(gy, s.ls_y), s.ls_y, yn);
+      striped = true;
     }
   }
-  load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
-  load_steps<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, 1.f, c);
+  if (!striped) {
+    load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
+    load_steps<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, 1.f, c);
+    if constexpr (kBackward) load_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, 0.f, yn);
+  }
   if constexpr (kBackward) {
-    load_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, 0.f, yn);
     constexpr int kWidth = NT < 32 ? NT : 32;  // a power of two
     constexpr unsigned kMask = kWidth == 32 ? 0xffffffffu : (1u << kWidth) - 1;
     const int lane = threadIdx.x & (kWidth - 1);
@@ -427,15 +338,20 @@ struct PackedSteps {
   }
 };
 
+// A thread's E steps from 16-byte vectors (memory order) into PackedSteps (walk order).
+template <typename T, int E>
+__device__ __forceinline__ void vectors_to_packed(const StepVectors<T, E>& buf, int64_t ls, PackedSteps<T, E>& out) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(buf.u);
+#pragma unroll
+  for (int j = 0; j < E / 2; ++j) out.w[j] = ls > 0 ? words[j] : __byte_perm(words[E / 2 - 1 - j], 0u, 0x1032);
+}
+
 // load_steps into PackedSteps (steps outside `r` read as zeros, or what their vector held).
 template <typename T, int E, bool kEdgeVectors>
 __device__ __forceinline__ void load_packed(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec,
                                             PackedSteps<T, E>& out) {
   if (vec && (kEdgeVectors || r.full(E))) {
-    const StepVectors<T, E> buf = load_vectors<T, E, kEdgeVectors>(base, ls, tf, r);
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(buf.u);
-#pragma unroll
-    for (int j = 0; j < E / 2; ++j) out.w[j] = ls > 0 ? words[j] : __byte_perm(words[E / 2 - 1 - j], 0u, 0x1032);
+    vectors_to_packed<T, E>(load_vectors<T, E, kEdgeVectors>(base, ls, tf, r), ls, out);
     return;
   }
 #pragma unroll
@@ -453,10 +369,27 @@ __device__ __forceinline__ void load_tile_global_packed(const SeqTensors<T>& s, 
                                                         unsigned vm, float (&v)[E], PackedSteps<T, E>& c,
                                                         PackedSteps<T, E>& yn) {
   using P = PackedSteps<T, E>;
-  load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
+  using Stripe = WarpStripe<T, E, NT>;
   P cr, yr;
-  load_packed<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, cr);
-  load_packed<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, yr);
+  bool striped = false;
+  if constexpr (Stripe::kOn) {  // as load_tile_global
+    constexpr unsigned kRead = 1u << kIn | 1u << kCoeff | 1u << kOut;
+    if ((vm & kRead) == kRead && __all_sync(0xffffffffu, r.full(E))) {
+      typename Stripe::Vectors gv, gc, gy;
+      Stripe::load(s.in, s.ls_in, tf, gv);
+      Stripe::load(s.cf, s.ls_c, tf, gc);
+      Stripe::load(s.y, s.ls_y, tf, gy);
+      vectors_to_steps<T, E>(Stripe::gather(gv, s.ls_in), s.ls_in, v);
+      vectors_to_packed<T, E>(Stripe::gather(gc, s.ls_c), s.ls_c, cr);
+      vectors_to_packed<T, E>(Stripe::gather(gy, s.ls_y), s.ls_y, yr);
+      striped = true;
+    }
+  }
+  if (!striped) {
+    load_steps<T, E, kEdgeVectors>(s.in, s.ls_in, tf, r, vm >> kIn & 1, 0.f, v);
+    load_packed<T, E, kEdgeVectors>(s.cf, s.ls_c, tf, r, vm >> kCoeff & 1, cr);
+    load_packed<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, yr);
+  }
   constexpr int kWidth = NT < 32 ? NT : 32;  // a power of two
   constexpr unsigned kMask = kWidth == 32 ? 0xffffffffu : (1u << kWidth) - 1;
   const int lane = threadIdx.x & (kWidth - 1);
@@ -533,15 +466,24 @@ __device__ __forceinline__ float replay_steps(float h, StepSpan r, float (&v)[E]
 template <typename T, int E, bool kBackward, bool kEdgeVectors = false, int kStripeNT = 0>
 __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r, unsigned vm,
                                               unsigned skip, float h_last, const float (&v)[E], const float (&yn)[E]) {
+  using Stripe = WarpStripe<T, E, kStripeNT>;
   if constexpr (!kBackward) {
-    if constexpr (WarpStripe<T, E, kStripeNT>::kOn) {
+    if constexpr (Stripe::kOn) {
       if (!(skip >> kOut & 1) && (vm >> kOut & 1) && __all_sync(0xffffffffu, r.full(E))) {
-        WarpStripe<T, E, kStripeNT>::store(s.y, s.ls_y, tf, v);
+        Stripe::store(s.y, s.ls_y, tf, v);
         return;
       }
     }
     if (!(skip >> kOut & 1)) store_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, v);
   } else {
+    if constexpr (Stripe::kOn) {
+      const unsigned want = vm & ~skip & (1u << kGradIn | (s.dc_acc ? 0u : 1u << kGradCoeff));
+      if (want && __all_sync(0xffffffffu, r.full(E))) {
+        if (want >> kGradIn & 1) Stripe::store(s.dx, s.ls_dx, tf, v);
+        if (want >> kGradCoeff & 1) Stripe::store(s.dc, s.ls_dc, tf, yn);
+        skip |= want;
+      }
+    }
     if (!(skip >> kGradIn & 1)) store_steps<T, E, kEdgeVectors>(s.dx, s.ls_dx, tf, r, vm >> kGradIn & 1, v);
     if (s.dc_acc) accumulate_steps<E>(s.dc_acc, s.ls_dc, tf, r.lo, r.hi, yn, /*warp_uniform_address=*/true);
     else if (!(skip >> kGradCoeff & 1))
@@ -560,7 +502,7 @@ __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t
   if constexpr (std::is_same_v<Y, PackedSteps<T, E>>) {
     float dc[E];
     const float h_last = replay_steps<E>(h, r, v, c, yn, dc);
-    store_outputs<T, E, kBackward, kEdgeVectors>(s, L, tf, r, vm, 0u, h_last, v, dc);
+    store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, dc);
   } else {
     const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
     store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, yn);
@@ -604,10 +546,13 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // The 2-byte forward's 16-step tile over one warp is capped at 64 registers (32 warps per SM): the
 // walk's L2 prefetch took its shifted-row variant from 64 to 70, too many for the 31 rows per SM of
 // bf16 4096 x 4097 in one wave (0.83 -> 0.71 of torch.add); capped, it spills 8 bytes.
+// The 4-byte backward's 512-step walking tile (8 steps x 64 threads) is held to 64 registers (16
+// blocks per SM): its warp-striped accesses took it to 80 (H200, float32 2048 x 1024 backward 1.02 ->
+// 0.94 of a vector add).
 // Minimum blocks per SM of scan_tile_kernel (see there).
 template <typename T, int E, int NT, bool kBackward>
 constexpr int tile_min_blocks() {
-  if (sizeof(T) != 2) return 0;
+  if (sizeof(T) != 2) return kBackward && E == 8 && NT == 64 ? 16 : 0;
   if (!kBackward) return E == 16 && NT == 32 ? 32 : 0;
   return E == 32 ? 512 / NT : NT == 32 ? 32 : NT > 32 ? 896 / NT : 1;
 }
