@@ -52,12 +52,16 @@ def _compile(src: Path, tmp: Path) -> str:
 # of 16 steps over 512 consumer threads (576 per block: at most 96 registers) spills up to 64 bytes and
 # is still faster than the same tile over 256 threads (item 39). The 2-byte tile forward of 16 steps
 # over one warp, phase-shifted, is capped at 64 registers too (scan_tile.cuh, tile_min_blocks; item
-# 65) and spills 8 bytes (24 loaded). Every other scan kernel: none.
+# 65) and spills 8 bytes (24 loaded). The 4-byte tile forward of 16 steps over 128 threads,
+# phase-shifted, spills 8 bytes at 72 registers with its warp-striped accesses (scan_stripe.cuh;
+# bench/NOTES.md item 74). Every other scan kernel: none.
 def _scan_spill_allowed(name: str) -> int:
     if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li16ELi(32|64)ELb1ELb[01]E", name):
         return 56
     if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li16ELi32ELb0ELb1E", name):
         return 12
+    if re.search(r"scan_tile_kernelIfLi16ELi128ELb0ELb1E", name):
+        return 8
     if re.search(r"scan_ring_kernelI(13__nv_bfloat16|6__half)Li16ELi512ELi\d+ELb1E", name):
         return 80
     return 0
@@ -95,11 +99,14 @@ _RING_BWD = "_ZN6linrec16scan_ring_kernelI13__nv_bfloat16Li16ELi512ELi4ELb1ELb0E
     (_TILE_BWD.replace("scan_tile_kernel", "scan_stream_kernel"), 0),
     (_RING_BWD, 80), (_RING_BWD.replace("13__nv_bfloat16", "6__half"), 80),
     (_RING_BWD.replace("Lb1ELb0E", "Lb0ELb0E"), 0), (_RING_BWD.replace("13__nv_bfloat16", "f"), 0),
-    (_RING_BWD.replace("Li16ELi512E", "Li16ELi256E"), 0)])
+    (_RING_BWD.replace("Li16ELi512E", "Li16ELi256E"), 0),
+    (_TILE_BWD.replace("13__nv_bfloat16Li32ELi32ELb1ELb0E", "fLi16ELi128ELb0ELb1E"), 8),
+    (_TILE_BWD.replace("13__nv_bfloat16Li32ELi32ELb1ELb0E", "fLi16ELi128ELb0ELb0E"), 0),
+    (_TILE_BWD.replace("13__nv_bfloat16Li32ELi32ELb1ELb0E", "fLi16ELi128ELb1ELb1E"), 0)])
 def test_scan_spill_allowance_names_its_kernels(name, allowed):
     """The allowances match the 2-byte tile backward of 16 steps over whole warps, the 2-byte shifted
-    16-step one-warp tile forward and the 2-byte 16-step, 512-thread ring backward only (a test of the
-    rule itself)."""
+    16-step one-warp tile forward, the 4-byte shifted 16-step, 128-thread tile forward and the 2-byte
+    16-step, 512-thread ring backward only (a test of the rule itself)."""
     assert _scan_spill_allowed(name) == allowed
 
 

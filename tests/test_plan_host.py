@@ -321,7 +321,7 @@ int main() {
     show(2, bwd, 2000, 6000);    // 30 (one-warp 1024-step blocks): no prefetch
     show(2, bwd, 3000, 6000);    // 23: no prefetch
     show(2, bwd, 4096, 4097);    // 31: no prefetch
-    show(4, bwd, 1100, 2048);    // 17 KiB (two-warp 512-step blocks)
+    show(4, bwd, 1100, 2000);    // 17 KiB (two-warp 512-step blocks; 2048 steps would take one tile)
     show(4, bwd, 1100, 8001);    // longer rows: the 1024-step tile, 33 KiB: no prefetch
     show(4, bwd, 2000, 6000);    // 30: no prefetch
     show(4, bwd, 131072, 1024);  // many-short: no prefetch
@@ -466,3 +466,31 @@ def test_stream_whole_rows_default(tmp_path):
         rows = got[5 * bwd:5 * bwd + 5]
         assert rows[:2] == ["stream.e8t256s4 4 4", "stream.e8t256s4 8 8"]
         assert all(r.startswith("tile.") for r in rows[2:]), rows
+
+
+_WHOLE_ROW_TILE_PROGRAM = _SHOW + r"""
+int main() {
+  for (int elem : {4, 2})
+    for (bool bwd : {false, true})
+      for (long long rows : {528ll, 3168ll, 8448ll, 8449ll, 131072ll})
+        for (long long len : {2048ll, 4096ll, 3000ll, 1024ll}) show(9, elem, bwd, rows, len);
+  show(8, 4, false, 3168, 2048);
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_whole_row_tile_default(tmp_path):
+    """Rows of exactly 2048 or 4096 steps, 4 to 64 per SM, take one tile per row on Hopper (plan.h's
+    whole_row_tile; H200 float32 2048 steps, 24 rows per SM: 0.80 -> 0.92 of torch.add forward); not
+    the float32 backward of 4096 steps, rows a tile holds with room to spare, more rows, nor Ampere."""
+    got = [line.split() for line in _run_program(tmp_path, "whole_row", _WHOLE_ROW_TILE_PROGRAM)]
+    whole = {(4, 2048): "tile.e16t128", (4, 4096): "tile.e16t256", (2, 2048): "tile.e32t64", (2, 4096): "tile.e32t128"}
+    for cc, elem, bwd, rows, length, config, chunks, per_chunk in got[:-1]:
+        key, rows = (int(elem), int(length)), int(rows)
+        if key in whole and 4 * 132 <= rows <= 64 * 132 and not (bwd == "1" and key == (4, 4096)):
+            assert (config, chunks, per_chunk) == (whole[key], "1", "1"), (elem, bwd, rows, length)
+        elif key in whole and rows > 64 * 132:  # many rows: the 512-step tiles, walked
+            assert int(per_chunk) > 1, (elem, bwd, rows, length, config)
+    # Ampere walks them
+    assert int(got[-1][7]) > 1, got[-1]
