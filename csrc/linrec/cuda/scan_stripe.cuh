@@ -52,8 +52,8 @@ template <typename T, int E, int NT>
 struct WarpStripe {
   static constexpr int kVectors = E * static_cast<int>(sizeof(T)) / 16;  // per lane
   // Not the 2-byte 16-step tile over one warp, held to 64 registers (32 warps per SM,
-  // scan_tile.cuh's tile_min_blocks): staging spilled there (4 bytes forward, 32 backward) for no
-  // clear gain (bf16 131072 x 1024, H100 / H200 forward -0.01 / +0.00, backward -0.01 / +0.02).
+  // scan_tile.cuh's tile_min_blocks): staging spilled there (4 bytes forward, 32 backward); bf16
+  // 131072 x 1024 lost ~0.01 both ways on the H100, gained ~0.02 on the H200 (bench/NOTES.md item 74).
   static constexpr bool kOn = NT >= 32 && NT % 32 == 0 && kVectors >= 2 && !(sizeof(T) == 2 && E == 16 && NT == 32);
   using Vectors = uint4[kVectors];
 
