@@ -355,14 +355,16 @@ inline bool stream_whole_rows(const ScanParams& p, int elem_size, const DeviceIn
          p.len % stream_config(elem_size, def.stream).tile() == 0 && takes_stream_short(p, elem_size, dev, def);
 }
 
-// The tile config whose tile is the whole row, for rows of exactly 2048 or 4096 steps, 4 to 64 per SM
-// (the range measured; many more walk: bench/NOTES.md item 48), on Hopper: one block per row loads the row at once with warp-striped accesses (scan_stripe.cuh)
-// instead of walking it tile by tile, or -1. H200, ratio to torch.add, default -> one tile, forward |
-// backward (bench/NOTES.md item 74): bf16 2048 steps, 8 rows per SM 0.66 -> 0.79 | 0.81 -> 1.01, 24
-// per SM 0.78 -> 0.86 | 0.85 -> 1.00; bf16 4096 steps, 8 per SM 0.76 -> 0.81 | 0.77 -> 0.91; float32
-// 2048 steps, 4 per SM 0.70 -> 0.84 | 0.84 -> 1.07, 24 per SM 0.80 -> 0.92 | 0.92 -> 1.02; float32
-// 4096 steps, 32 per SM 0.90 -> 0.94 forward (its backward keeps the walk: 0.93 against 0.92). Rows a
-// tile holds with room to spare lose (1536 or 3000 steps: 0.4-0.9x), so only whole tiles.
+// The tile config whose tile is the whole row, or -1: rows of exactly 2048 or 4096 steps, 4 to 64
+// per SM (the range measured; many more walk, bench/NOTES.md item 48), on Hopper. One block per row
+// loads the row at once with warp-striped accesses (scan_stripe.cuh) instead of walking it tile by
+// tile. Ratio to torch.add, default -> one tile, forward | backward (bench/NOTES.md item 74): H200
+// bf16 2048 steps, 8 rows per SM 0.66 -> 0.79 | 0.81 -> 1.01, 24 per SM 0.78 -> 0.86 | 0.85 -> 1.00;
+// bf16 4096 steps, 8 per SM 0.76 -> 0.81 | 0.77 -> 0.91; float32 2048 steps, 4 per SM 0.70 -> 0.84 |
+// 0.84 -> 1.07, 24 per SM 0.80 -> 0.92 | 0.92 -> 1.02; float32 4096 steps, 32 per SM 0.90 -> 0.94
+// forward (its backward keeps the walk: 0.93 against 0.92); the H100 alike (bf16 4096 steps, 8 per
+// SM 0.79 -> 0.92 | 0.85 -> 1.04). Rows a tile holds with room to spare lose (1536 or 3000 steps:
+// 0.35-0.75 of the walk), so only whole tiles.
 inline int whole_row_tile(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
   if (dev.cc_major < 9 || p.num_seq < 4 * int64_t(dev.num_sms) || p.num_seq > 64 * int64_t(dev.num_sms)) return -1;
   constexpr int kTile2048 = 3, kTile4096 = 2;  // in both tables (configs.h)
