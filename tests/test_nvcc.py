@@ -53,7 +53,7 @@ def _compile(src: Path, tmp: Path) -> str:
 # is still faster than the same tile over 256 threads (item 39). The 2-byte tile forward of 16 steps
 # over one warp, phase-shifted, is capped at 64 registers too (scan_tile.cuh, tile_min_blocks; item
 # 65) and spills 8 bytes (24 loaded). The 4-byte tile forward of 16 steps over 128 threads,
-# phase-shifted, spills 8 bytes at 72 registers with its warp-striped accesses (scan_stripe.cuh;
+# phase-shifted, spills 8 bytes at 72 registers with its warp-striped accesses (scan_access.cuh;
 # bench/NOTES.md item 74). Every other scan kernel: none.
 def _scan_spill_allowed(name: str) -> int:
     if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li16ELi(32|64)ELb1ELb[01]E", name):

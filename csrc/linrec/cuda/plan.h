@@ -357,7 +357,7 @@ inline bool stream_whole_rows(const ScanParams& p, int elem_size, const DeviceIn
 
 // The tile config whose tile is the whole row, or -1: rows of exactly 2048 or 4096 steps, 4 to 64
 // per SM (the range measured; many more walk, bench/NOTES.md item 48), on Hopper. One block per row
-// loads the row at once with warp-striped accesses (scan_stripe.cuh) instead of walking it tile by
+// loads the row at once with warp-striped accesses (scan_access.cuh) instead of walking it tile by
 // tile. Ratio to torch.add, default -> one tile, forward | backward (bench/NOTES.md item 74): H200
 // bf16 2048 steps, 8 rows per SM 0.66 -> 0.79 | 0.81 -> 1.01, 24 per SM 0.78 -> 0.86 | 0.85 -> 1.00;
 // bf16 4096 steps, 8 per SM 0.76 -> 0.81 | 0.77 -> 0.91; float32 2048 steps, 4 per SM 0.70 -> 0.84 |

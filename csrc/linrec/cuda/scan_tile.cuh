@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "scan_common.cuh"
-#include "scan_stripe.cuh"
+#include "scan_access.cuh"
 
 namespace linrec {
 
@@ -24,100 +24,6 @@ struct TileArgs {
   bool prefetch;            // a walking block prefetches its next tile into L2 (ScanPlan::walk_prefetch)
   LookbackState lb;
 };
-
-// Which of a thread's E steps tf .. tf+E-1 lie in the sequence [0, L): [lo, hi). Only the first
-// thread of a tile shifted back by its row's phase (kPhaseShift) can have lo > 0.
-struct StepSpan {
-  int lo, hi;
-  __device__ __forceinline__ bool full(int E) const { return lo == 0 && hi == E; }
-  __device__ __forceinline__ bool has(int i) const { return i >= lo && i < hi; }
-};
-template <int E, bool kPhaseShift = false>
-__device__ __forceinline__ StepSpan step_span(int64_t tf, int64_t L) {
-  const int lo = !kPhaseShift || tf >= 0 ? 0 : (-tf < E ? static_cast<int>(-tf) : E);
-  const int hi = L - tf <= 0 ? 0 : (L - tf < E ? static_cast<int>(L - tf) : E);
-  return {lo, hi};
-}
-
-// A row's phase for 16-byte vectors: the steps by which its tiles must start earlier so that every
-// thread's E steps are whole aligned vectors (forward walk: step t at base + t, aligned when t +
-// phase is a multiple of the vector; reverse walk: base - t, the run read from its last step).
-template <typename T>
-__device__ __forceinline__ int vector_phase(const T* base, int64_t ls) {
-  constexpr int kVec = 16 / sizeof(T);
-  const int m = static_cast<int>(reinterpret_cast<uintptr_t>(base) % 16 / sizeof(T));
-  return ls > 0 ? m : kVec - 1 - m;
-}
-
-// The 16-byte vectors holding steps tf .. tf+E-1 (element t at base + t * ls), in memory order;
-// kEdgeVectors: those holding no step of `r` read as zeros (see load_steps).
-template <typename T, int E, bool kEdgeVectors>
-__device__ __forceinline__ StepVectors<T, E> load_vectors(const T* base, int64_t ls, int64_t tf, StepSpan r) {
-  using V = StepVectors<T, E>;
-  static_assert(E % V::kVec == 0, "E must be a multiple of the 16-byte vector width");
-  V buf;
-  const uint4* src = reinterpret_cast<const uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
-#pragma unroll
-  for (int k = 0; k < E / V::kVec; ++k) {
-    const int w = V::first_step(k, ls < 0);
-    buf.u[k] = !kEdgeVectors || (w < r.hi && w + V::kVec > r.lo) ? src[k] : make_uint4(0u, 0u, 0u, 0u);
-  }
-  return buf;
-}
-
-// Loads E steps t = tf .. tf+E-1 (element t at base + t * ls); steps outside `r` get `fill`.
-// `vec`: 16-byte vectors where `r` is full. kEdgeVectors: for a partial run too (a row's first or
-// last thread), with the same instructions: the vectors holding a step of `r` are loaded whole
-// (aligned 16 bytes holding a valid element cannot fault; they may reach up to 15 bytes past the
-// tensor's data, README Limitations), the others read as zeros, and steps outside `r` hold
-// whatever the vectors held (the caller neutralizes those before `r`, see load_tile_global; those
-// after it reach no output).
-template <typename T, int E, bool kEdgeVectors = false>
-__device__ __forceinline__ void load_steps(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec, float fill,
-                                           float (&out)[E]) {
-  if (vec && (kEdgeVectors || r.full(E))) {
-    vectors_to_steps<T, E>(load_vectors<T, E, kEdgeVectors>(base, ls, tf, r), ls, out);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < E; ++i) out[i] = r.has(i) ? to_float(base[(tf + i) * ls]) : fill;
-}
-
-// Stores the steps of `r` (as load_steps; kEdgeVectors: whole vectors where `r` covers them, single
-// elements at its edges).
-template <typename T, int E, bool kEdgeVectors = false>
-__device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, StepSpan r, bool vec,
-                                            const float (&v)[E]) {
-  using V = StepVectors<T, E>;
-  if (vec && (kEdgeVectors || r.full(E))) {
-    V buf;
-    steps_to_vectors<T, E>(v, ls, buf);
-    uint4* dst = reinterpret_cast<uint4*>(ls > 0 ? base + tf : base - (tf + E - 1));
-    if (!kEdgeVectors || r.full(E)) {
-#pragma unroll
-      for (int k = 0; k < E / V::kVec; ++k) dst[k] = buf.u[k];
-      return;
-    }
-    if constexpr (kEdgeVectors) {
-#pragma unroll
-      for (int k = 0; k < E / V::kVec; ++k) {
-        const int w = V::first_step(k, ls < 0);
-        if (w >= r.lo && w + V::kVec <= r.hi) {
-          dst[k] = buf.u[k];
-        } else if (w < r.hi && w + V::kVec > r.lo) {
-#pragma unroll
-          for (int j = 0; j < V::kVec; ++j)  // element j of the vector is walk step w + j (reversed: from the end)
-            if (r.has(ls > 0 ? w + j : w + V::kVec - 1 - j))
-              reinterpret_cast<T*>(dst)[k * V::kVec + j] = buf.t[k * V::kVec + j];
-        }
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < E; ++i)
-    if (r.has(i)) base[(tf + i) * ls] = from_float<T>(v[i]);
-}
 
 // Prefix callback of cub::BlockScan, run by warp 0: returns the state before the tile and
 // advances it by the tile's aggregate; in look-back mode thread 0 publishes and looks back.
