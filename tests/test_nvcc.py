@@ -1,9 +1,9 @@
 """Compile check of the torch-free CUDA kernel sources with nvcc for sm_90a (no GPU needed to compile).
 
 Fails on compile errors, register spills and local-memory stack frames: the kernels keep
-every per-thread array in registers by design (see csrc/linrec/cuda/plan.h). The 2-byte tile backward
-of 16 steps over whole warps and the 2-byte ring backward of 16 steps over 512 threads have measured
-spill allowances (_scan_spill_allowed), the selective-scan kernels theirs.
+every per-thread array in registers by design (see csrc/linrec/cuda/plan.h). The 2-byte ring backward
+of 16 steps over 512 threads has a measured spill allowance (_scan_spill_allowed), the selective-scan
+kernels theirs.
 
 CI (2 cores) compiles two of the six sources, which between them cover both directions and both
 element sizes: scan_float32_fwd.cu and scan_bfloat16_bwd.cu (the 2-byte backward needs the most
@@ -46,24 +46,13 @@ def _compile(src: Path, tmp: Path) -> str:
     return proc.stderr + proc.stdout
 
 
-# Spill allowance, bytes: the 2-byte tile backward of 16 steps over one warp is capped at 64 registers
-# (32 warps per SM; its c and y kept packed, bench/NOTES.md item 49), which spills up to 20 bytes
-# (52 when phase-shifted); over two warps, phase-shifted, 32 at 72 registers. The 2-byte ring backward
-# of 16 steps over 512 consumer threads (576 per block: at most 96 registers) spills up to 64 bytes and
-# is still faster than the same tile over 256 threads (item 39). The 2-byte tile forward of 16 steps
-# over one warp, phase-shifted, is capped at 64 registers too (scan_tile.cuh, tile_min_blocks; item
-# 65) and spills 8 bytes (24 loaded). The 4-byte tile forward of 16 steps over 128 threads,
-# phase-shifted, spills 8 bytes at 72 registers with its warp-striped accesses (scan_access.cuh;
-# bench/NOTES.md item 74). Every other scan kernel: none.
+# Spill allowance, bytes: the 2-byte ring backward of 16 steps over 512 consumer threads (576 per
+# block: at most 96 registers) spills up to 46 bytes and is still faster than the same tile over 256
+# threads (bench/NOTES.md items 39, 75). Every other scan kernel: none (the tile kernel's register-
+# capped 2-byte tiles stopped spilling with its barrier-free prologue, item 75).
 def _scan_spill_allowed(name: str) -> int:
-    if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li16ELi(32|64)ELb1ELb[01]E", name):
-        return 56
-    if re.search(r"scan_tile_kernelI(13__nv_bfloat16|6__half)Li16ELi32ELb0ELb1E", name):
-        return 12
-    if re.search(r"scan_tile_kernelIfLi16ELi128ELb0ELb1E", name):
-        return 8
     if re.search(r"scan_ring_kernelI(13__nv_bfloat16|6__half)Li16ELi512ELi\d+ELb1E", name):
-        return 80
+        return 56
     return 0
 
 
@@ -90,23 +79,16 @@ _RING_BWD = "_ZN6linrec16scan_ring_kernelI13__nv_bfloat16Li16ELi512ELi4ELb1ELb0E
     (_TILE_BWD, 0), (_TILE_BWD.replace("13__nv_bfloat16", "6__half"), 0),
     (_TILE_BWD.replace("Li32ELi32E", "Li32ELi128E"), 0), (_TILE_BWD.replace("Lb1ELb0E", "Lb0ELb0E"), 0),
     (_TILE_BWD.replace("Lb1ELb0E", "Lb1ELb1E"), 0), (_TILE_BWD.replace("Lb1ELb0E", "Lb0ELb1E"), 0),
-    (_TILE_BWD.replace("13__nv_bfloat16", "f"), 0), (_TILE_BWD.replace("Li32ELi32E", "Li16ELi64E"), 56),
-    (_TILE_BWD.replace("Li32ELi32ELb1ELb0E", "Li16ELi32ELb1ELb1E"), 56),
-    (_TILE_BWD.replace("Li32ELi32ELb1ELb0E", "Li16ELi32ELb1ELb0E").replace("13__nv_bfloat16", "6__half"), 56),
-    (_TILE_BWD.replace("Li32ELi32ELb1ELb0E", "Li16ELi32ELb0ELb0E"), 0), (_TILE_BWD.replace("Li32ELi32E", "Li16ELi16E"), 0),
-    (_TILE_BWD.replace("Li32ELi32ELb1ELb0E", "Li16ELi32ELb0ELb1E"), 12),
-    (_TILE_BWD.replace("Li32ELi32ELb1ELb0E", "Li16ELi64ELb0ELb1E"), 0),
+    (_TILE_BWD.replace("13__nv_bfloat16", "f"), 0), (_TILE_BWD.replace("Li32ELi32E", "Li16ELi64E"), 0),
+    (_TILE_BWD.replace("Li32ELi32ELb1ELb0E", "Li16ELi32ELb1ELb1E"), 0),
+    (_TILE_BWD.replace("Li32ELi32ELb1ELb0E", "Li16ELi32ELb0ELb1E"), 0),
     (_TILE_BWD.replace("scan_tile_kernel", "scan_stream_kernel"), 0),
-    (_RING_BWD, 80), (_RING_BWD.replace("13__nv_bfloat16", "6__half"), 80),
+    (_RING_BWD, 56), (_RING_BWD.replace("13__nv_bfloat16", "6__half"), 56),
     (_RING_BWD.replace("Lb1ELb0E", "Lb0ELb0E"), 0), (_RING_BWD.replace("13__nv_bfloat16", "f"), 0),
     (_RING_BWD.replace("Li16ELi512E", "Li16ELi256E"), 0),
-    (_TILE_BWD.replace("13__nv_bfloat16Li32ELi32ELb1ELb0E", "fLi16ELi128ELb0ELb1E"), 8),
-    (_TILE_BWD.replace("13__nv_bfloat16Li32ELi32ELb1ELb0E", "fLi16ELi128ELb0ELb0E"), 0),
-    (_TILE_BWD.replace("13__nv_bfloat16Li32ELi32ELb1ELb0E", "fLi16ELi128ELb1ELb1E"), 0)])
+    (_TILE_BWD.replace("13__nv_bfloat16Li32ELi32ELb1ELb0E", "fLi16ELi128ELb0ELb1E"), 0)])
 def test_scan_spill_allowance_names_its_kernels(name, allowed):
-    """The allowances match the 2-byte tile backward of 16 steps over whole warps, the 2-byte shifted
-    16-step one-warp tile forward, the 4-byte shifted 16-step, 128-thread tile forward and the 2-byte
-    16-step, 512-thread ring backward only (a test of the rule itself)."""
+    """The allowance matches the 2-byte 16-step, 512-thread ring backward only (a test of the rule itself)."""
     assert _scan_spill_allowed(name) == allowed
 
 

@@ -44,8 +44,13 @@ struct SeqIndex {
 #pragma unroll
     for (int i = 0; i < kMaxBatchDims; ++i) {
       idx[i] = 0;
-      if (i < p.nbatch) {
-        const int64_t q = seq / p.bsize[i];
+      if (i + 1 == p.nbatch) {
+        idx[i] = seq;  // the outermost dim: seq < bsize[i]
+      } else if (i < p.nbatch) {
+        // 32-bit division where both fit (a 64-bit one is a long software sequence)
+        const int64_t q = seq <= INT32_MAX && p.bsize[i] <= INT32_MAX
+                              ? static_cast<int64_t>(static_cast<uint32_t>(seq) / static_cast<uint32_t>(p.bsize[i]))
+                              : seq / p.bsize[i];
         idx[i] = seq - q * p.bsize[i];
         seq = q;
       }

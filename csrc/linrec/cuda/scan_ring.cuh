@@ -326,7 +326,8 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
       float v[E], c[E], yn[E];
       load_operands<T, E, NT, SLOTS, kBackward, kRev ? -1 : 1>(staged + s * R::kSlotElems, in.tensors(), L,
                                                                  in.chunk * S::kTile, args.vec_mask, v, c, yn);
-      Affine inc = reduce_steps<E>(v, c);
+      StepRuns<E> runs;
+      Affine inc = reduce_steps<E>(v, c, runs);
       warp_inclusive_scan(inc);
       const float ea = __shfl_up_sync(0xffffffffu, inc.a, 1), eb = __shfl_up_sync(0xffffffffu, inc.b, 1);
       sh.thread_prefix[s * NT + threadIdx.x] = lane == 0 ? Affine{1.f, 0.f} : Affine{ea, eb};
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(NT + 64, 1) scan_ring_kernel(const ScanParams 
     h = fmaf(pre.a, h, pre.b);
     const int64_t tf = t0 + static_cast<int64_t>(threadIdx.x) * E;
     const StepSpan r = step_span<E>(tf, L);
-    const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
+    const float h_last = replay_steps<E, kBackward>(h, StepRuns<E, 1>{}, r, v, c, yn);
     // A full tile's outputs, when all run the inputs' way 16-byte aligned, go through the slot's
     // first region (x or grad_y: each step there is read only by the thread that holds it). The
     // gradient of the initial state is written here, not by store_outputs: with store_outputs on

@@ -236,13 +236,14 @@ __global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, 
     // outbuf[buf] was last bulk-stored from after the previous barrier: thread 0 waits for those
     // reads to finish before this tile's barrier, after which every thread rewrites it
     if (threadIdx.x == 0 && args.bulk_mask) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-    const float h = scan_block_one_barrier<NT>(reduce_steps<E>(v, c), carry, totals[buf]);
+    StepRuns<E> runs;
+    const float h = scan_block_one_barrier<NT>(reduce_steps<E>(v, c, runs), carry, totals[buf]);
     if (threadIdx.x == 0) {  // past the barrier: every thread has read stage st and written outbuf[buf ^ 1]
       store_pending(buf ^ 1);
       if (it + STAGES < num_tiles)
         stage_tile<T, E, NT, STAGES, kBackward>(s, L, (it + STAGES) * S::kTile, region(it), &bar[st]);
     }
-    const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
+    const float h_last = replay_steps<E, kBackward>(h, runs, r, v, c, yn);
     const unsigned bulk = t0 + S::kTile <= L ? args.bulk_mask : 0u;
     if (bulk) {
 #pragma unroll

@@ -331,39 +331,92 @@ __device__ __forceinline__ void load_tile_global_packed(const SeqTensors<T>& s, 
   }
 }
 
-// Replays a thread's steps from the state `h` before them: v becomes the states (the
-// forward's y, the backward's dx) and, in the backward, yn (the shifted y) becomes dc = dx * yn.
-// Returns the state after the thread's last step in `r`.
-template <int E, bool kBackward>
-__device__ __forceinline__ float replay_steps(float h, StepSpan r, float (&v)[E], const float (&c)[E],
-                                              float (&yn)[E]) {
+// A thread's E steps as kRuns runs of E / kRuns consecutive steps whose reductions and replays are
+// interleaved: a chain of E / kRuns + kRuns dependent FMAs where one run of E had E (H200, bf16
+// 1000 x 4096 in one 4096-step tile per row: 0.81 -> 0.91 of torch.add forward; elsewhere within
+// the noise; bench/NOTES.md item 75). The ring replays a tile apart from its reduction: one run there.
+template <int E, int K = (E >= 16 ? E / 8 : 1)>
+struct StepRuns {
+  static constexpr int kRuns = K, kLen = E / K;
+  Affine map[kRuns];  // run k's map (reduce_steps)
+
+  // The state before each run from the state `h` before the first.
+  __device__ __forceinline__ void starts(float h, float (&out)[kRuns]) const {
+    out[0] = h;
+#pragma unroll
+    for (int k = 1; k < kRuns; ++k) out[k] = fmaf(map[k - 1].a, out[k - 1], map[k - 1].b);
+  }
+};
+
+// The affine map of a thread's E steps; `runs` gets each run's.
+template <int E, int K, typename C>
+__device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const C& c, StepRuns<E, K>& runs) {
+  using R = StepRuns<E, K>;
+#pragma unroll
+  for (int k = 0; k < R::kRuns; ++k) runs.map[k] = Affine{c[k * R::kLen], v[k * R::kLen]};
+#pragma unroll
+  for (int j = 1; j < R::kLen; ++j)
+#pragma unroll
+    for (int k = 0; k < R::kRuns; ++k)
+      runs.map[k] = ComposeOp()(runs.map[k], Affine{c[k * R::kLen + j], v[k * R::kLen + j]});
+  Affine agg = runs.map[0];
+#pragma unroll
+  for (int k = 1; k < R::kRuns; ++k) agg = ComposeOp()(agg, runs.map[k]);
+  return agg;
+}
+
+// The state after a thread's last step in `r`, once v holds the states.
+template <int E>
+__device__ __forceinline__ float last_state(StepSpan r, const float (&v)[E]) {
   float h_last = 0.f;
 #pragma unroll
-  for (int i = 0; i < E; ++i) {
-    h = fmaf(c[i], h, v[i]);
-    v[i] = h;
-    if (i < r.hi) h_last = h;
-  }
+  for (int i = 0; i < E; ++i)
+    if (i < r.hi) h_last = v[i];
+  return h_last;
+}
+
+// Replays a thread's steps from the state `h` before them (`runs` from reduce_steps): v becomes the
+// states (the forward's y, the backward's dx) and, in the backward, yn (the shifted y) becomes dc =
+// dx * yn. Returns the state after the thread's last step in `r`.
+template <int E, bool kBackward, int K>
+__device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& runs, StepSpan r, float (&v)[E],
+                                              const float (&c)[E], float (&yn)[E]) {
+  using R = StepRuns<E, K>;
+  float st[R::kRuns];
+  runs.starts(h, st);
+#pragma unroll
+  for (int j = 0; j < R::kLen; ++j)
+#pragma unroll
+    for (int k = 0; k < R::kRuns; ++k) {
+      const int i = k * R::kLen + j;
+      st[k] = fmaf(c[i], st[k], v[i]);
+      v[i] = st[k];
+    }
   if constexpr (kBackward) {
 #pragma unroll
     for (int i = 0; i < E; ++i) yn[i] *= v[i];
   }
-  return h_last;
+  return last_state<E>(r, v);
 }
 
 // replay_steps with packed c and y (the tile kernel's 2-byte backward): dc = dx * yn into `dc`.
-template <int E, typename T>
-__device__ __forceinline__ float replay_steps(float h, StepSpan r, float (&v)[E], const PackedSteps<T, E>& c,
-                                              const PackedSteps<T, E>& yn, float (&dc)[E]) {
-  float h_last = 0.f;
+template <int E, typename T, int K>
+__device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& runs, StepSpan r, float (&v)[E],
+                                              const PackedSteps<T, E>& c, const PackedSteps<T, E>& yn,
+                                              float (&dc)[E]) {
+  using R = StepRuns<E, K>;
+  float st[R::kRuns];
+  runs.starts(h, st);
 #pragma unroll
-  for (int i = 0; i < E; ++i) {
-    h = fmaf(c[i], h, v[i]);
-    v[i] = h;
-    dc[i] = h * yn[i];
-    if (i < r.hi) h_last = h;
-  }
-  return h_last;
+  for (int j = 0; j < R::kLen; ++j)
+#pragma unroll
+    for (int k = 0; k < R::kRuns; ++k) {
+      const int i = k * R::kLen + j;
+      st[k] = fmaf(c[i], st[k], v[i]);
+      v[i] = st[k];
+      dc[i] = st[k] * yn[i];
+    }
+  return last_state<E>(r, v);
 }
 
 // Stores a thread's outputs after replay_steps (backward: `yn` holds dc) except the slots in
@@ -402,26 +455,18 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
 // Replays a thread's steps from the state `h` before them and stores the outputs.
 // (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
 // many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
-template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, typename C, typename Y>
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, int K, typename C, typename Y>
 __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
-                                                 unsigned vm, float h, float (&v)[E], const C& c, Y& yn) {
+                                                 unsigned vm, float h, const StepRuns<E, K>& runs, float (&v)[E],
+                                                 const C& c, Y& yn) {
   if constexpr (std::is_same_v<Y, PackedSteps<T, E>>) {
     float dc[E];
-    const float h_last = replay_steps<E>(h, r, v, c, yn, dc);
+    const float h_last = replay_steps(h, runs, r, v, c, yn, dc);
     store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, dc);
   } else {
-    const float h_last = replay_steps<E, kBackward>(h, r, v, c, yn);
+    const float h_last = replay_steps<E, kBackward>(h, runs, r, v, c, yn);
     store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, yn);
   }
-}
-
-// The affine map of a thread's E steps.
-template <int E, typename C>
-__device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const C& c) {
-  Affine agg{1.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < E; ++i) agg = ComposeOp()(agg, Affine{c[i], v[i]});
-  return agg;
 }
 
 // Scans a tile whose operands are in registers: each thread reduces its E steps to one
@@ -432,8 +477,10 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
                                                     TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
                                                     StepSpan r, unsigned vm, float (&v)[E], const C& c, Y& yn) {
   Affine prefix;
-  cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c), prefix, ComposeOp(), carry);
-  replay_and_store<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, prefix.b, v, c, yn);
+  // One run for the 2-byte 16-step tiles, at their register caps (a second run's map spilled there).
+  StepRuns<E, sizeof(T) == 2 && E == 16 ? 1 : StepRuns<E>::kRuns> runs;
+  cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c, runs), prefix, ComposeOp(), carry);
+  replay_and_store<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, prefix.b, runs, v, c, yn);
 }
 
 // One block per sequence (all its tiles, one after the other) or, with look-back
@@ -441,17 +488,17 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // The 2-byte backward's minimum blocks per SM steer ptxas' register target (the 4-byte backward
 // has none: with one block it took 84 registers instead of 58 for {8,128}, and many-short
 // fwd+bwd fell from 1.00 to 0.92 on the H100). With c and y packed (PackedSteps), 32 steps per
-// thread take 113-128 registers at 16 warps per SM (item 38); 16 steps over one warp 64, 20
-// spilled bytes, for 32 warps per SM (H200 bf16 131072 x 1024: 0.93 of a vector add, 0.90 at 71
-// registers and 28 warps; item 49); over two warps 72 (28 warps; 64 spilled 84 bytes and ran
-// slower); over 16 threads the minimum of one block.
+// thread take 113-128 registers at 16 warps per SM (item 38); 16 steps over one warp 64 for 32
+// warps per SM (H200 bf16 131072 x 1024: 0.93 of a vector add, 0.90 at 71 registers and 28 warps;
+// item 49); over two warps 72 (28 warps; 64 spilled 84 bytes and ran slower); over 16 threads the
+// minimum of one block. None of them spills (item 75).
 // kPhaseShift: rows start off the 16-byte grid (odd lengths, sliced views); each block shifts its
 // tiles `phase` steps before its row, so that all but the first thread's steps are whole aligned
 // vectors in every slot of the row's phase. The tiles cover as many steps as the row: the row's
 // last block scans the steps left past them (fewer than a vector) across warp 0 (scan_tail).
 // The 2-byte forward's 16-step tile over one warp is capped at 64 registers (32 warps per SM): the
 // walk's L2 prefetch took its shifted-row variant from 64 to 70, too many for the 31 rows per SM of
-// bf16 4096 x 4097 in one wave (0.83 -> 0.71 of torch.add); capped, it spills 8 bytes.
+// bf16 4096 x 4097 in one wave (0.83 -> 0.71 of torch.add); capped, it does not spill.
 // The 4-byte backward's 512-step walking tile (8 steps x 64 threads) is held to 64 registers (16
 // blocks per SM): its warp-striped accesses took it to 80 (H200, float32 2048 x 1024 backward 1.02 ->
 // 0.94 of a vector add).
@@ -468,18 +515,25 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
   constexpr int kTile = E * NT;
   __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
   __shared__ int64_t s_vid;
-  __shared__ int64_t s_off[kNumSlots];
 
+  // Every thread finds its row's offsets itself: no barrier before the loads (a block's first tile
+  // waited at one for warp 0's offsets, ncu, bench/NOTES.md item 75); look-back blocks take their
+  // id from the counter, shared through one.
   const bool lookback = args.num_chunks > 1;
-  if (lookback) args.lb.clean_up();
-  if (threadIdx.x == 0) s_vid = lookback ? static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull)) : blockIdx.x;
-  __syncthreads();
-  const int64_t vid = s_vid;
+  int64_t vid = blockIdx.x;
+  if (lookback) {
+    args.lb.clean_up();
+    if (threadIdx.x == 0) s_vid = static_cast<int64_t>(atomicAdd(args.lb.counter, 1ull));
+    __syncthreads();
+    vid = s_vid;
+  }
   // Chunk-major order: all sequences' chunk k start before any chunk k+1, keeping look-back short.
-  const int64_t chunk = vid / p.num_seq, seq = vid - chunk * p.num_seq;
-  if (threadIdx.x < kNumSlots) s_off[threadIdx.x] = SeqIndex(p, seq).offset(p, threadIdx.x);
-  __syncthreads();
-  const SeqTensors<T> s(p, s_off);
+  const int64_t chunk = lookback ? vid / p.num_seq : 0, seq = vid - chunk * p.num_seq;
+  int64_t off[kNumSlots];
+  const SeqIndex index(p, seq);
+#pragma unroll
+  for (int slot = 0; slot < kNumSlots; ++slot) off[slot] = index.offset(p, slot);
+  const SeqTensors<T> s(p, off);
   const int64_t L = p.len;
   const int phase = kPhaseShift ? vector_phase<T>(s.in, s.ls_in) : 0;
   // A shifted row's first thread and a row's last thread hold partial runs: vector accesses there
@@ -509,7 +563,7 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
     else
       load_tile_global<T, E, NT, kBackward, kEdgeVectors, /*kStripe=*/true>(s, L, tf, r, vm, v, c, yn);
     scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
-    __syncthreads();  // scan_storage is reused by the next tile
+    if (tile + 1 < args.tiles_per_chunk) __syncthreads();  // scan_storage is reused by the next tile
   }
   // Warp 0 holds the state after the tiles (each lane ran the prefix callback alike).
   constexpr int kWarp0 = NT < 32 ? NT : 32;  // a power of two
