@@ -375,12 +375,10 @@ __device__ __forceinline__ float last_state(StepSpan r, const float (&v)[E]) {
   return h_last;
 }
 
-// Replays a thread's steps from the state `h` before them (`runs` from reduce_steps): v becomes the
-// states (the forward's y, the backward's dx) and, in the backward, yn (the shifted y) becomes dc =
-// dx * yn. Returns the state after the thread's last step in `r`.
-template <int E, bool kBackward, int K>
-__device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& runs, StepSpan r, float (&v)[E],
-                                              const float (&c)[E], float (&yn)[E]) {
+// Replays a thread's runs from the state `h` before them (`runs` from reduce_steps): v[i] becomes the
+// state after step i, and `each(i)` runs once it has.
+template <int E, int K, typename C, typename F>
+__device__ __forceinline__ void replay_runs(float h, const StepRuns<E, K>& runs, float (&v)[E], const C& c, F&& each) {
   using R = StepRuns<E, K>;
   float st[R::kRuns];
   runs.starts(h, st);
@@ -391,7 +389,17 @@ __device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& run
       const int i = k * R::kLen + j;
       st[k] = fmaf(c[i], st[k], v[i]);
       v[i] = st[k];
+      each(i);
     }
+}
+
+// Replays a thread's steps: v becomes the states (the forward's y, the backward's dx) and, in the
+// backward, yn (the shifted y) becomes dc = dx * yn. Returns the state after the thread's last step
+// in `r`.
+template <int E, bool kBackward, int K>
+__device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& runs, StepSpan r, float (&v)[E],
+                                              const float (&c)[E], float (&yn)[E]) {
+  replay_runs(h, runs, v, c, [](int) {});
   if constexpr (kBackward) {
 #pragma unroll
     for (int i = 0; i < E; ++i) yn[i] *= v[i];
@@ -404,18 +412,7 @@ template <int E, typename T, int K>
 __device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& runs, StepSpan r, float (&v)[E],
                                               const PackedSteps<T, E>& c, const PackedSteps<T, E>& yn,
                                               float (&dc)[E]) {
-  using R = StepRuns<E, K>;
-  float st[R::kRuns];
-  runs.starts(h, st);
-#pragma unroll
-  for (int j = 0; j < R::kLen; ++j)
-#pragma unroll
-    for (int k = 0; k < R::kRuns; ++k) {
-      const int i = k * R::kLen + j;
-      st[k] = fmaf(c[i], st[k], v[i]);
-      v[i] = st[k];
-      dc[i] = st[k] * yn[i];
-    }
+  replay_runs(h, runs, v, c, [&](int i) { dc[i] = v[i] * yn[i]; });
   return last_state<E>(r, v);
 }
 
