@@ -176,3 +176,50 @@ def test_tuner_pick_over_a_bucket():
     assert _pick([{"native": 1.0, "a": 0.9, "b": 0.96}, {"native": 1.0, "a": 1.15, "b": 0.96}]) == "b"
     assert _pick([{"native": 1.0, "a": 1 - KEEP_DEFAULT / 2}]) == "native"
     assert _pick([{"native": 1.0, "a": 0.5}, {"native": 1.0}]) == "native"
+
+
+def test_tuner_counts_host_time_where_triton_wins():
+    """Where a Triton kernel beats every native one, each config counts max(kernel, host), with the
+    host time of its backend: a Triton launch slower than a native kernel does not win; elsewhere no
+    host time is measured."""
+    from torch_linrec.bench.tune import _host_bound, _pick
+
+    asked = []
+
+    def host(name):
+        asked.append(name)
+        return {"native": 0.010, "triton.t1024": 0.030}[name]
+
+    times = {"native": 0.020, "tile.e16t16": 0.018, "triton.t1024": 0.012, "triton.t2048": 0.014}
+    eager, note = _host_bound(times, host)
+    assert asked == ["native", "triton.t1024"] and "triton.t1024" in note
+    assert eager == {"native": 0.020, "tile.e16t16": 0.018, "triton.t1024": 0.030, "triton.t2048": 0.030}
+    assert _pick([eager]) == "tile.e16t16" and _pick([times]) == "triton.t1024"
+    asked.clear()
+    big = {"native": 0.200, "triton.t1024": 0.150}  # kernels longer than either launch: unchanged
+    assert _host_bound(big, host)[0] == big and asked == ["native", "triton.t1024"]
+    asked.clear()
+    assert _host_bound({"native": 0.020, "triton.t1024": 0.025}, host) == ({"native": 0.020, "triton.t1024": 0.025}, "")
+    assert asked == []
+
+
+def test_tuner_grid_covers_the_buckets_the_suite_leaves_out():
+    """GRID: one problem per bucket of 2^22 to 2^28 elements (bucket tops) that no SUITE problem
+    covers, at the middle of the bucket; every problem's bucket distinct from the others'."""
+    from torch_linrec.bench.tune import GRID, GROUPS, SUITE
+    from torch_linrec.dispatch import bucket_key, layout_class
+
+    def key(p):
+        x = torch.empty(p.shape)
+        d = p.dim % x.dim()
+        c = torch.empty(p.coeff_shape) if p.coeff_shape else x
+        return bucket_key("scan", "fwd", torch.float32, layout_class(x, c, d), x.shape[d], x.numel() // x.shape[d])
+
+    suite, grid = {key(p) for p in SUITE}, [key(p) for p in GRID]
+    assert len(set(grid)) == len(grid) and not suite & set(grid)
+    for layout, lengths in (("innermost", range(8, 27, 2)), ("strided", range(8, 17, 2))):
+        for a in lengths:
+            for b in range(0 if layout == "innermost" else 8, 19, 2):
+                k = f"scan/fwd/float32/{layout}/L<=2^{a}/R<=2^{b}"
+                assert (k in suite or k in grid) == (22 <= a + b <= 28 or k in suite), k
+    assert "NL-512x8192" in GROUPS["grid"] and "NL-131072x1024" in GROUPS["suite"]

@@ -152,7 +152,7 @@ def test_nested_use_backend_restores(monkeypatch):
 
 def test_config_names():
     """The names are stable (the tuned cache stores them): CPU, Triton and every CUDA table."""
-    triton = ["triton.t2048", "triton.t1024", "triton.t4096"] if HAS_TRITON else []
+    triton = ["triton.t2048", "triton.t1024", "triton.t4096", "triton.t8192"] if HAS_TRITON else []
     assert torch_linrec.config_names("cpu") == ["cpu.g16"] + triton
     assert torch_linrec.config_names("cpu", torch.bfloat16, backend="native") == ["cpu.g16"]
     assert torch_linrec.config_names("cpu", backend="triton") == triton
@@ -383,7 +383,7 @@ def test_triton_configs_gradients(shape, dim, reverse, config, backward_config, 
 def test_triton_config_errors(monkeypatch):
     x, c, _ = _inputs((2, 9), -1, TRITON_DEVICE)
     with pytest.raises(ValueError, match=r"unknown Triton config 'triton\.t999'; valid: triton\.t2048, triton\.t1024, "
-                                         r"triton\.t4096"):
+                                         r"triton\.t4096, triton\.t8192"):
         torch_linrec.scan(x, c, config="triton.t999")
     with pytest.raises(ValueError, match=r"unknown Triton config 'triton\.t999'"):
         torch.ops.linrec.scan_backward_triton(x, c, x, None, -1, False, "triton.t999")

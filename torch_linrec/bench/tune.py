@@ -11,11 +11,21 @@ over the native default's, across them (one bucket spans row counts that fill di
 of a wave).
 Times are medians (``triton.testing.do_bench``), compared with ``torch.add`` on the same shape in
 the same process: forward ratio ``t_add / t`` (3 tensors moved), backward ``(5/3) t_add / t`` (5).
+Where a Triton config's kernel beats every native one, the host's time to issue each contender
+(:meth:`~torch_linrec.bench.timing.Timer.host_ms`, through the path config ``"auto"`` runs) is
+measured too and a config counts ``max(kernel, host)``: eager calls run back to back at that pace,
+and a Triton launch costs tens of microseconds of Python, more than the kernels of a mid-size call.
 Tuning never runs implicitly: only this command writes cache files.
+
+The problems are :data:`SUITE` (named shapes, one or two per bucket: the main job's cases and the
+shapes whose buckets they are) and :data:`GRID` (one shape per bucket at the middle of the bucket
+in both length and rows, over the buckets of 2^22 to 2^28 elements: where held-out shapes fall
+outside the suite's buckets).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -31,7 +41,7 @@ from ..linrec.ops import is_triton_config
 from .cases import make_inputs
 from .timing import make_timer
 
-__all__ = ["TuneProblem", "PROBLEMS", "QUICK", "main", "tune"]
+__all__ = ["TuneProblem", "SUITE", "GRID", "PROBLEMS", "GROUPS", "QUICK", "main", "tune"]
 
 KEEP_DEFAULT = 0.02
 _F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
@@ -50,7 +60,7 @@ class TuneProblem:
 
 # One problem per bucket (one bucket two): innermost rows from many short to few very long, (B, L, D)
 # channels from a decoding-size call to a large layer, and broadcast (time-invariant) coeffs.
-PROBLEMS: tuple[TuneProblem, ...] = (
+SUITE: tuple[TuneProblem, ...] = (
     TuneProblem("NL-131072x1024", (131072, 1024), -1),
     TuneProblem("NL-8192x256", (8192, 256), -1),
     TuneProblem("NL-2048x1024", (2048, 1024), -1),
@@ -73,6 +83,44 @@ PROBLEMS: tuple[TuneProblem, ...] = (
     TuneProblem("BLD-8x4096x4096-bcast", (8, 4096, 4096), 1, (4096,)),
     TuneProblem("NL-131072x1024-bcast", (131072, 1024), -1, (131072, 1)),
 )
+
+
+def _grid() -> tuple[TuneProblem, ...]:
+    """One problem per bucket of 2^22 to 2^28 elements (bucket tops) that :data:`SUITE` leaves out:
+    length 2^(a-1) and rows 2^(b-1) (one row for b = 0) for the bucket ``L<=2^a/R<=2^b``, the
+    middle of both ranges (a bucket spans a factor of 4 in each). Innermost rows everywhere, with
+    lengths from 2^8 to 2^26; (B, L, D) with D = min(rows, 1024) for lengths 2^8 to 2^16."""
+    suite = set()
+    for p in SUITE:
+        length = p.shape[p.dim]
+        layout = "NL" if p.dim in (-1, len(p.shape) - 1) else "BLD"
+        suite.add((layout + ("-bcast" if p.coeff_shape else ""), _pow4(length, 8),
+                   _pow4(math.prod(p.shape) // length, 0)))
+    out = []
+    for layout, lengths in (("NL", range(8, 27, 2)), ("BLD", range(8, 17, 2))):
+        for a in lengths:
+            for b in range(0 if layout == "NL" else 8, 19, 2):
+                if not 22 <= a + b <= 28 or (layout, a, b) in suite:
+                    continue
+                length, rows = 1 << (a - 1), 1 << max(b - 1, 0)
+                if layout == "NL":
+                    out.append(TuneProblem(f"NL-{rows}x{length}", (rows, length), -1))
+                else:
+                    d = min(rows, 1024)
+                    out.append(TuneProblem(f"BLD-{rows // d}x{length}x{d}", (rows // d, length, d), 1))
+    return tuple(out)
+
+
+def _pow4(n: int, floor: int) -> int:
+    """The bucket exponent of ``n`` (as :func:`~torch_linrec.dispatch.bucket_key` rounds)."""
+    k = max((max(n, 1) - 1).bit_length(), floor)
+    return k + k % 2
+
+
+GRID: tuple[TuneProblem, ...] = _grid()
+PROBLEMS: tuple[TuneProblem, ...] = SUITE + GRID
+# Names that stand for a group of problems in --cases.
+GROUPS = {"suite": tuple(p.name for p in SUITE), "grid": tuple(p.name for p in GRID)}
 # --quick: the buckets of the main job's suite.
 QUICK = ("NL-131072x1024", "NL-128x1048576", "NL-16x4194304", "BLD-8x4096x4096", "BLD-1x1024x2048")
 
@@ -89,6 +137,30 @@ def _run_bwd(cfg, gy, c, y, dim):
     return lambda: torch.ops.linrec.scan_backward(gy, c, y, None, dim, False, cfg)
 
 
+def _eager(cfg, direction, x, c, gy, y, dim):
+    """The call that config ``"auto"`` makes for a cache entry naming ``cfg``: the native op, or the
+    Triton ops' eager twins (csrc/linrec/ops.cpp), whose host time is what an entry costs."""
+    if not is_triton_config(cfg):
+        return _run_fwd(cfg, x, c, dim) if direction == "fwd" else _run_bwd(cfg, gy, c, y, dim)
+    if direction == "fwd":
+        return lambda: torch.ops.linrec._scan_triton_eager(x, c, None, dim, False, cfg)
+    return lambda: torch.ops.linrec._scan_backward_triton_eager(gy, c, y, None, dim, False, cfg)
+
+
+def _host_bound(times: dict, host_ms) -> tuple[dict, str]:
+    """``times`` (ms by config name) as eager calls run them: where the fastest Triton kernel beats
+    every native one, each config counts ``max(kernel, host)``, the host time of its backend measured
+    once (``host_ms(name) -> ms``: the native default, the fastest Triton config); otherwise as they
+    are. Returns the times and a note for the log (empty when no host time was measured)."""
+    native = [t for n, t in times.items() if not is_triton_config(n)]
+    triton = sorted((t, n) for n, t in times.items() if is_triton_config(n))
+    if not triton or not native or triton[0][0] >= min(native):
+        return times, ""
+    host = {False: host_ms("native"), True: host_ms(triton[0][1])}
+    out = {n: max(t, host[is_triton_config(n)]) for n, t in times.items()}
+    return out, f"host ms native {host[False]:.4f}, {triton[0][1]} {host[True]:.4f}"
+
+
 def _pick(runs: list[dict]) -> str:
     """The winning config name over one bucket's problems: ``runs`` holds each problem's times (ms) by
     config name, ``"native"`` among them; configs missing from any problem are out."""
@@ -101,7 +173,8 @@ def _pick(runs: list[dict]) -> str:
 
 
 def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: bool = True, log=print) -> dict:
-    """Measures every config on every problem and dtype; returns the cache entries (bucket -> entry)."""
+    """Measures every config on every problem and dtype; returns the cache entries (bucket -> entry).
+    ``quick``: short timings (:func:`~torch_linrec.bench.timing.make_timer`)."""
     timer = make_timer(device, quick=quick)
     runs: dict = {}  # bucket key -> [(problem name, times by config, torch.add's time, tensors moved)]
     todo = [(p, dt) for p in problems for dt in dtypes]
@@ -126,12 +199,13 @@ def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: 
                     except ValueError:  # the config does not apply to this layout
                         continue
                     times[name] = timer(fn)
+                times, note = _host_bound(times, lambda n: timer.host_ms(_eager(n, direction, x, c, gy, y, dim)))
                 key = bucket_key("scan", direction, dtype, layout, x.shape[dim], rows)
                 runs.setdefault(key, []).append((prob.name, times, t_add, moved))
                 win = _pick([times])
                 log(f"  {prob.name:<24} {str(dtype).removeprefix('torch.'):<9} {direction}  {win:<24} "
                     f"ratio {moved / 3 * t_add / times[win]:.3f}  (native default "
-                    f"{moved / 3 * t_add / times['native']:.3f}; {len(times)} configs)")
+                    f"{moved / 3 * t_add / times['native']:.3f}; {len(times)} configs{'; ' + note if note else ''})")
             del x, c, gy, y
             torch.cuda.empty_cache()
             bar.update(1)
@@ -155,8 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Tune the kernel configs of every backend on this GPU and write the "
                                             "tuned config cache (see torch_linrec.configs).")
     p.add_argument("--quick", action="store_true", help="only the main job's buckets, short timings (< 2 min)")
+    p.add_argument("--short-timings", action="store_true",
+                   help="time each config over 5 + 20 ms (warmup + repeats) instead of 25 + 100: ~5x faster, "
+                        "noisier")
     p.add_argument("--cases", nargs="+", metavar="NAME",
-                   help="tuning problems (space or comma separated); default all: "
+                   help="tuning problems (space or comma separated), or the groups suite (the named shapes) and "
+                        "grid (one shape per bucket the suite leaves out); default all: "
                         + ", ".join(q.name for q in PROBLEMS))
     p.add_argument("--dtypes", nargs="+", metavar="DTYPE", help="float32, bfloat16, float16 (default: all; "
                                                                  "--quick: float32, bfloat16)")
@@ -179,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the tuner needs a CUDA GPU (the CPU has one kernel config)")
     device = torch.device(args.device)
     known = {p.name: p for p in PROBLEMS}
-    names = _split(args.cases) or (list(QUICK) if args.quick else list(known))
+    names = [m for n in _split(args.cases) or (list(QUICK) if args.quick else list(known)) for m in GROUPS.get(n, (n,))]
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown tuning problem(s) {unknown}; known: {list(known)}")
@@ -190,11 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tuning on {identity['name']} (sm {identity['capability']}, {identity['sms']} SMs): "
           f"{len(names)} problems x {len(dnames)} dtypes x fwd/bwd")
     start = time.perf_counter()
-    entries = tune([known[n] for n in names], [_DTYPES[d] for d in dnames], device, quick=args.quick,
+    short = args.quick or args.short_timings
+    entries = tune([known[n] for n in names], [_DTYPES[d] for d in dnames], device, quick=short,
                    progress=not args.no_progress)
     elapsed = time.perf_counter() - start
-    settings = {"quick": args.quick, "problems": names, "dtypes": dnames, "keep_default": KEEP_DEFAULT,
-                "seconds": round(elapsed, 1)}
+    settings = {"quick": args.quick, "short_timings": short, "problems": names, "dtypes": dnames,
+                "keep_default": KEEP_DEFAULT, "seconds": round(elapsed, 1)}
     path = write(entries, identity, settings, path=args.out)
     clear_memo()
     print(f"\nwinners ({len(entries)} buckets, {elapsed:.0f} s):")

@@ -41,10 +41,15 @@ __all__ = ["scan_triton", "scan_backward_triton", "CONFIGS", "DEFAULT_CONFIG", "
 #     per SM (32 channels of fp32 = one 128-byte line per row); 16 when even 32 leaves SMs idle
 #     (few channels, long L). BLOCK_T = TILE // BLOCK_D time steps, capped at next_pow2(L).
 #   num_warps: one warp per 512 tile elements, within [1, 8].
+# t8192 holds a whole 2-byte row of up to 8192 steps per program (8 warps, 32 elements per thread
+# and operand): mid-length rows at a few per SM, where the one-program-per-row walk of 4096-step
+# tiles had too few bytes in flight (bf16 600 x 8000 on the H200: 0.80 of torch.add against the
+# native default's 0.65; bench/NOTES.md item 75).
 CONFIGS = {  # name -> (TILE, LONG_TILE); the first is the default
     "triton.t2048": (2048, 4096),
     "triton.t1024": (1024, 2048),
     "triton.t4096": (4096, 4096),
+    "triton.t8192": (8192, 8192),
 }
 DEFAULT_CONFIG = "triton.t2048"
 
