@@ -204,6 +204,22 @@ def test_eager_twins(case):
         bwd(gy.double(), c.double(), y.double(), None, dim, rev, None)
 
 
+def test_tuner_times_the_calls_auto_makes():
+    """The tuner's host-time calls (bench/tune.py _eager) run what config "auto" runs for an entry:
+    the eager twins for a Triton name, the native op otherwise; each gives that config's outputs."""
+    from torch_linrec.bench.tune import _eager
+
+    x, c, _, dim, _ = _op_case("seq")
+    gy = _make(x.shape, seed=5)
+    y = torch.ops.linrec.scan(x, c, None, dim, False)
+    for name in ("triton.t1024", "native"):
+        run = torch.ops.linrec.scan_triton if name.startswith("triton") else torch.ops.linrec.scan
+        back = torch.ops.linrec.scan_backward_triton if name.startswith("triton") else torch.ops.linrec.scan_backward
+        assert torch.equal(_eager(name, "fwd", x, c, gy, y, dim)(), run(x, c, None, dim, False, name))
+        got = _eager(name, "bwd", x, c, gy, y, dim)()
+        assert all(torch.equal(a, b) for a, b in zip(got, back(gy, c, y, None, dim, False, name)))
+
+
 @pytest.mark.parametrize("case,configs", [("seq", ()), ("chan", ("triton.t1024", "triton.t4096")),
                                           ("broadcast", ("triton", "native"))])
 def test_opcheck(case, configs):

@@ -143,7 +143,7 @@ def _eager(cfg, direction, x, c, gy, y, dim):
     if not is_triton_config(cfg):
         return _run_fwd(cfg, x, c, dim) if direction == "fwd" else _run_bwd(cfg, gy, c, y, dim)
     if direction == "fwd":
-        return lambda: torch.ops.linrec._scan_triton_eager(x, c, None, dim, False, cfg)
+        return lambda: torch.ops.linrec._scan_triton_eager(x, c, None, dim, False, cfg, None)
     return lambda: torch.ops.linrec._scan_backward_triton_eager(gy, c, y, None, dim, False, cfg)
 
 
