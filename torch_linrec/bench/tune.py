@@ -41,7 +41,7 @@ from ..linrec.ops import is_triton_config
 from .cases import make_inputs
 from .timing import make_timer
 
-__all__ = ["TuneProblem", "SUITE", "GRID", "PROBLEMS", "GROUPS", "QUICK", "main", "tune"]
+__all__ = ["TuneProblem", "SUITE", "GRID", "CHECKS", "PROBLEMS", "GROUPS", "QUICK", "main", "tune"]
 
 KEEP_DEFAULT = 0.02
 _F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
@@ -85,11 +85,14 @@ SUITE: tuple[TuneProblem, ...] = (
 )
 
 
-def _grid() -> tuple[TuneProblem, ...]:
-    """One problem per bucket of 2^22 to 2^28 elements (bucket tops) that :data:`SUITE` leaves out:
-    length 2^(a-1) and rows 2^(b-1) (one row for b = 0) for the bucket ``L<=2^a/R<=2^b``, the
-    middle of both ranges (a bucket spans a factor of 4 in each). Innermost rows everywhere, with
-    lengths from 2^8 to 2^26; (B, L, D) with D = min(rows, 1024) for lengths 2^8 to 2^16."""
+def _grid() -> tuple[tuple[TuneProblem, TuneProblem], ...]:
+    """``(problem, check)`` per bucket of 2^22 to 2^28 elements (bucket tops) that :data:`SUITE`
+    leaves out. For the bucket ``L<=2^a/R<=2^b`` the problem has length 2^(a-1) and rows 2^(b-1)
+    (one row for b = 0), the middle of both ranges (a bucket spans a factor of 4 in each); the check
+    length 3 x 2^(a-3) and rows 3 x 2^(b-2), more rows per SM and shorter: the default plans
+    change with rows per SM inside a bucket (H200, bfloat16 L<=2^14/R<=2^10: the backward that won
+    by 16% at 512 x 8192 lost by 20-40% at 600 x 6000-8000, bench/NOTES.md item 76). Innermost rows
+    with lengths from 2^8 to 2^26; (B, L, D) with D = min(rows, 1024) for lengths 2^8 to 2^16."""
     suite = set()
     for p in SUITE:
         length = p.shape[p.dim]
@@ -102,13 +105,16 @@ def _grid() -> tuple[TuneProblem, ...]:
             for b in range(0 if layout == "NL" else 8, 19, 2):
                 if not 22 <= a + b <= 28 or (layout, a, b) in suite:
                     continue
-                length, rows = 1 << (a - 1), 1 << max(b - 1, 0)
-                if layout == "NL":
-                    out.append(TuneProblem(f"NL-{rows}x{length}", (rows, length), -1))
-                else:
-                    d = min(rows, 1024)
-                    out.append(TuneProblem(f"BLD-{rows // d}x{length}x{d}", (rows // d, length, d), 1))
+                mid = _problem(layout, 1 << (a - 1), 1 << max(b - 1, 0))
+                out.append((mid, _problem(layout, 3 << (a - 3), 3 << (b - 2) if b >= 2 else 1)))
     return tuple(out)
+
+
+def _problem(layout: str, length: int, rows: int) -> TuneProblem:
+    if layout == "NL":
+        return TuneProblem(f"NL-{rows}x{length}", (rows, length), -1)
+    d = min(rows, 1024)
+    return TuneProblem(f"BLD-{rows // d}x{length}x{d}", (rows // d, length, d), 1)
 
 
 def _pow4(n: int, floor: int) -> int:
@@ -117,7 +123,9 @@ def _pow4(n: int, floor: int) -> int:
     return k + k % 2
 
 
-GRID: tuple[TuneProblem, ...] = _grid()
+GRID: tuple[TuneProblem, ...] = tuple(p for p, _ in _grid())
+# The check of each GRID problem: run with the problem's winner and the native default only.
+CHECKS: dict[str, TuneProblem] = {p.name: check for p, check in _grid()}
 PROBLEMS: tuple[TuneProblem, ...] = SUITE + GRID
 # Names that stand for a group of problems in --cases.
 GROUPS = {"suite": tuple(p.name for p in SUITE), "grid": tuple(p.name for p in GRID)}
@@ -172,9 +180,43 @@ def _pick(runs: list[dict]) -> str:
     return best
 
 
+def _measure(prob: TuneProblem, dtype, names, device, timer, log) -> list:
+    """Times configs on one problem: ``names`` is a list of config names, or a dict of them per
+    direction. Returns ``[(bucket key, times by config, torch.add's time, tensors moved), ...]`` per
+    direction (times as eager calls run them, :func:`_host_bound`)."""
+    x, c, gy = make_inputs(prob.shape, dtype, device, coeff_shape=prob.coeff_shape)
+    dim = prob.dim % x.dim()
+    t_add = timer(lambda: torch.add(x, c))
+    layout = layout_class(x, c, dim)
+    rows = x.numel() // x.shape[dim]
+    y = torch.ops.linrec.scan(x, c, None, dim, False)
+    out = []
+    for direction, make, moved in (("fwd", lambda n: _run_fwd(n, x, c, dim), 3),
+                                   ("bwd", lambda n: _run_bwd(n, gy, c, y, dim), 5)):
+        times = {}
+        for name in names[direction] if isinstance(names, dict) else names:
+            fn = make(name)
+            try:
+                fn()
+            except ValueError:  # the config does not apply to this layout
+                continue
+            times[name] = timer(fn)
+        times, note = _host_bound(times, lambda n: timer.host_ms(_eager(n, direction, x, c, gy, y, dim)))
+        out.append((bucket_key("scan", direction, dtype, layout, x.shape[dim], rows), times, t_add, moved))
+        win = _pick([times])
+        log(f"  {prob.name:<24} {str(dtype).removeprefix('torch.'):<9} {direction}  {win:<24} "
+            f"ratio {moved / 3 * t_add / times[win]:.3f}  (native default "
+            f"{moved / 3 * t_add / times['native']:.3f}; {len(times)} configs{'; ' + note if note else ''})")
+    del x, c, gy, y
+    torch.cuda.empty_cache()
+    return out
+
+
 def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: bool = True, log=print) -> dict:
     """Measures every config on every problem and dtype; returns the cache entries (bucket -> entry).
-    ``quick``: short timings (:func:`~torch_linrec.bench.timing.make_timer`)."""
+    ``quick``: short timings (:func:`~torch_linrec.bench.timing.make_timer`). A problem with a
+    check (:data:`CHECKS`) whose winner is not the native default runs the check too, with that
+    winner and the default only: the bucket's choice is then picked over both (:func:`_pick`)."""
     timer = make_timer(device, quick=quick)
     runs: dict = {}  # bucket key -> [(problem name, times by config, torch.add's time, tensors moved)]
     todo = [(p, dt) for p in problems for dt in dtypes]
@@ -182,32 +224,16 @@ def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: 
               dynamic_ncols=True, leave=False) as bar:
         for prob, dtype in todo:
             bar.set_postfix_str(f"{prob.name} {str(dtype).removeprefix('torch.')}")
-            x, c, gy = make_inputs(prob.shape, dtype, device, coeff_shape=prob.coeff_shape)
-            dim = prob.dim % x.dim()
-            t_add = timer(lambda: torch.add(x, c))
-            layout = layout_class(x, c, dim)
-            rows = x.numel() // x.shape[dim]
-            y = torch.ops.linrec.scan(x, c, None, dim, False)
             names = ["native"] + [n for n in config_names(device, dtype) if n != "native"]
-            for direction, make, moved in (("fwd", lambda n: _run_fwd(n, x, c, dim), 3),
-                                           ("bwd", lambda n: _run_bwd(n, gy, c, y, dim), 5)):
-                times = {}
-                for name in names:
-                    fn = make(name)
-                    try:
-                        fn()
-                    except ValueError:  # the config does not apply to this layout
-                        continue
-                    times[name] = timer(fn)
-                times, note = _host_bound(times, lambda n: timer.host_ms(_eager(n, direction, x, c, gy, y, dim)))
-                key = bucket_key("scan", direction, dtype, layout, x.shape[dim], rows)
+            measured = _measure(prob, dtype, names, device, timer, log)
+            for key, times, t_add, moved in measured:
                 runs.setdefault(key, []).append((prob.name, times, t_add, moved))
-                win = _pick([times])
-                log(f"  {prob.name:<24} {str(dtype).removeprefix('torch.'):<9} {direction}  {win:<24} "
-                    f"ratio {moved / 3 * t_add / times[win]:.3f}  (native default "
-                    f"{moved / 3 * t_add / times['native']:.3f}; {len(times)} configs{'; ' + note if note else ''})")
-            del x, c, gy, y
-            torch.cuda.empty_cache()
+            wins = {key.split("/")[1]: _pick([times]) for key, times, _, _ in measured}
+            check = CHECKS.get(prob.name)
+            if check is not None and set(wins.values()) != {"native"}:
+                for key, times, t_add, moved in _measure(check, dtype, {d: sorted({"native", w}) for d, w in wins.items()},
+                                                         device, timer, log):
+                    runs.setdefault(key, []).append((check.name, times, t_add, moved))
             bar.update(1)
     entries: dict = {}
     for key, bucket in runs.items():
