@@ -205,8 +205,8 @@ def test_tuner_counts_host_time_where_triton_wins():
 
 def test_tuner_grid_covers_the_buckets_the_suite_leaves_out():
     """GRID: one problem per bucket of 2^22 to 2^28 elements (bucket tops) that no SUITE problem
-    covers, at the middle of the bucket; every problem's bucket distinct from the others'; its check
-    another shape of the same bucket."""
+    covers, at the middle of the bucket; every problem's bucket distinct from the others'; its checks
+    two other shapes of the same bucket."""
     from torch_linrec.bench.tune import CHECKS, GRID, GROUPS, SUITE
     from torch_linrec.dispatch import bucket_key, layout_class
 
@@ -218,7 +218,8 @@ def test_tuner_grid_covers_the_buckets_the_suite_leaves_out():
 
     suite, grid = {key(p) for p in SUITE}, [key(p) for p in GRID]
     assert len(set(grid)) == len(grid) and not suite & set(grid)
-    assert all(key(CHECKS[p.name]) == key(p) and CHECKS[p.name].shape != p.shape for p in GRID if p.shape[0] > 1)
+    assert all(len(CHECKS[p.name]) == 2 and all(key(c) == key(p) and c.shape != p.shape for c in CHECKS[p.name])
+               for p in GRID)
     for layout, lengths in (("innermost", range(8, 27, 2)), ("strided", range(8, 17, 2))):
         for a in lengths:
             for b in range(0 if layout == "innermost" else 8, 19, 2):

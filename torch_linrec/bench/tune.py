@@ -85,14 +85,17 @@ SUITE: tuple[TuneProblem, ...] = (
 )
 
 
-def _grid() -> tuple[tuple[TuneProblem, TuneProblem], ...]:
-    """``(problem, check)`` per bucket of 2^22 to 2^28 elements (bucket tops) that :data:`SUITE`
+def _grid() -> tuple[tuple[TuneProblem, tuple[TuneProblem, ...]], ...]:
+    """``(problem, checks)`` per bucket of 2^22 to 2^28 elements (bucket tops) that :data:`SUITE`
     leaves out. For the bucket ``L<=2^a/R<=2^b`` the problem has length 2^(a-1) and rows 2^(b-1)
-    (one row for b = 0), the middle of both ranges (a bucket spans a factor of 4 in each); the check
-    length 3 x 2^(a-3) and rows 3 x 2^(b-2), more rows per SM and shorter: the default plans
-    change with rows per SM inside a bucket (H200, bfloat16 L<=2^14/R<=2^10: the backward that won
-    by 16% at 512 x 8192 lost by 20-40% at 600 x 6000-8000, bench/NOTES.md item 76). Innermost rows
-    with lengths from 2^8 to 2^26; (B, L, D) with D = min(rows, 1024) for lengths 2^8 to 2^16."""
+    (one row for b = 0), the middle of both ranges (a bucket spans a factor of 4 in each); the
+    checks are length 3 x 2^(a-3) with rows 3 x 2^(b-2) (more rows per SM, shorter) and the
+    bucket's top corner, 2^b rows of 2^a steps. The default plans change with rows per SM and
+    length inside a bucket: a choice made at the middle lost 20-40% elsewhere (H200, bfloat16
+    L<=2^14/R<=2^10: the backward that won by 16% at 512 x 8192 lost at 600 x 6000-8000; H100,
+    L<=2^12/R<=2^10: the forward and backward that won at 512 x 2048 and 768 x 1536 lost 17% at
+    1000 x 4096; bench/NOTES.md item 76). Innermost rows with lengths from 2^8 to 2^26; (B, L, D)
+    with D = min(rows, 1024) for lengths 2^8 to 2^16."""
     suite = set()
     for p in SUITE:
         length = p.shape[p.dim]
@@ -106,7 +109,8 @@ def _grid() -> tuple[tuple[TuneProblem, TuneProblem], ...]:
                 if not 22 <= a + b <= 28 or (layout, a, b) in suite:
                     continue
                 mid = _problem(layout, 1 << (a - 1), 1 << max(b - 1, 0))
-                out.append((mid, _problem(layout, 3 << (a - 3), 3 << (b - 2) if b >= 2 else 1)))
+                out.append((mid, (_problem(layout, 3 << (a - 3), 3 << (b - 2) if b >= 2 else 1),
+                                  _problem(layout, 1 << a, 1 << b))))
     return tuple(out)
 
 
@@ -124,8 +128,8 @@ def _pow4(n: int, floor: int) -> int:
 
 
 GRID: tuple[TuneProblem, ...] = tuple(p for p, _ in _grid())
-# The check of each GRID problem: run with the problem's winner and the native default only.
-CHECKS: dict[str, TuneProblem] = {p.name: check for p, check in _grid()}
+# The checks of each GRID problem: run with the problem's winner and the native default only.
+CHECKS: dict[str, tuple[TuneProblem, ...]] = {p.name: checks for p, checks in _grid()}
 PROBLEMS: tuple[TuneProblem, ...] = SUITE + GRID
 # Names that stand for a group of problems in --cases.
 GROUPS = {"suite": tuple(p.name for p in SUITE), "grid": tuple(p.name for p in GRID)}
@@ -214,9 +218,9 @@ def _measure(prob: TuneProblem, dtype, names, device, timer, log) -> list:
 
 def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: bool = True, log=print) -> dict:
     """Measures every config on every problem and dtype; returns the cache entries (bucket -> entry).
-    ``quick``: short timings (:func:`~torch_linrec.bench.timing.make_timer`). A problem with a
-    check (:data:`CHECKS`) whose winner is not the native default runs the check too, with that
-    winner and the default only: the bucket's choice is then picked over both (:func:`_pick`)."""
+    ``quick``: short timings (:func:`~torch_linrec.bench.timing.make_timer`). A problem with
+    checks (:data:`CHECKS`) whose winner is not the native default runs them too, with that winner
+    and the default only: the bucket's choice is then picked over all of them (:func:`_pick`)."""
     timer = make_timer(device, quick=quick)
     runs: dict = {}  # bucket key -> [(problem name, times by config, torch.add's time, tensors moved)]
     todo = [(p, dt) for p in problems for dt in dtypes]
@@ -229,11 +233,11 @@ def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: 
             for key, times, t_add, moved in measured:
                 runs.setdefault(key, []).append((prob.name, times, t_add, moved))
             wins = {key.split("/")[1]: _pick([times]) for key, times, _, _ in measured}
-            check = CHECKS.get(prob.name)
-            if check is not None and set(wins.values()) != {"native"}:
-                for key, times, t_add, moved in _measure(check, dtype, {d: sorted({"native", w}) for d, w in wins.items()},
-                                                         device, timer, log):
-                    runs.setdefault(key, []).append((check.name, times, t_add, moved))
+            if set(wins.values()) != {"native"}:
+                for check in CHECKS.get(prob.name, ()):
+                    names = {d: sorted({"native", w}) for d, w in wins.items()}
+                    for key, times, t_add, moved in _measure(check, dtype, names, device, timer, log):
+                        runs.setdefault(key, []).append((check.name, times, t_add, moved))
             bar.update(1)
     entries: dict = {}
     for key, bucket in runs.items():
