@@ -164,15 +164,20 @@ def test_auto_follows_the_shipped_file_on_its_gpu(monkeypatch, tmp_path):
 
 def test_tuner_pick_over_a_bucket():
     """The tuner's choice for a bucket: the best geometric mean of a config's time over the native
-    default's across the bucket's problems (a config that wins at one row count and loses more at
-    another does not win), the default kept within KEEP_DEFAULT of the best, and a config that did
-    not run on every problem out."""
-    from torch_linrec.bench.tune import KEEP_DEFAULT, _pick
+    default's across the bucket's problems, among the configs at most MAX_LOSS slower than the
+    default on every problem (a config that wins at one row count and loses more at another does not
+    win), the default kept within KEEP_DEFAULT of the best, and a config that did not run on every
+    problem out."""
+    from torch_linrec.bench.tune import KEEP_DEFAULT, MAX_LOSS, _pick
 
     assert _pick([{"native": 1.0, "a": 0.9, "b": 0.95}]) == "a"
     assert _pick([{"native": 1.0, "a": 0.9}, {"native": 1.0, "a": 1.15}]) == "native"
-    # not the last problem alone, nor the arithmetic mean (1.2): the geometric mean, 0.975
-    assert _pick([{"native": 1.0, "a": 0.5}, {"native": 1.0, "a": 1.9}]) == "a"
+    # not the last problem alone, nor the arithmetic mean: the geometric mean (0.97 against 0.985)
+    assert _pick([{"native": 1.0, "a": 0.94, "b": 0.97}, {"native": 1.0, "a": 1.0, "b": 1.0}]) == "a"
+    # a geometric mean of 0.975 that costs one problem 90% does not win; within MAX_LOSS it may
+    assert _pick([{"native": 1.0, "a": 0.5}, {"native": 1.0, "a": 1.9}]) == "native"
+    assert _pick([{"native": 1.0, "a": 0.5}, {"native": 1.0, "a": 1 + MAX_LOSS * 0.9}]) == "a"
+    assert _pick([{"native": 1.0, "a": 0.5}, {"native": 1.0, "a": 1 + MAX_LOSS * 1.1}]) == "native"
     assert _pick([{"native": 1.0, "a": 0.9, "b": 0.96}, {"native": 1.0, "a": 1.15, "b": 0.96}]) == "b"
     assert _pick([{"native": 1.0, "a": 1 - KEEP_DEFAULT / 2}]) == "native"
     assert _pick([{"native": 1.0, "a": 0.5}, {"native": 1.0}]) == "native"

@@ -8,7 +8,7 @@ do not apply to the layout raise ValueError and are skipped. The fastest wins, e
 native default stays where it is within :data:`KEEP_DEFAULT` of the fastest (no churn from noise).
 Where several problems share a bucket, "fastest" is the best geometric mean of each config's time
 over the native default's, across them (one bucket spans row counts that fill different fractions
-of a wave).
+of a wave), among the configs no more than :data:`MAX_LOSS` slower than the default on any of them.
 Times are medians (``triton.testing.do_bench``), compared with ``torch.add`` on the same shape in
 the same process: forward ratio ``t_add / t`` (3 tensors moved), backward ``(5/3) t_add / t`` (5).
 Where a Triton config's kernel beats every native one, the host's time to issue each contender
@@ -41,9 +41,10 @@ from ..linrec.ops import is_triton_config
 from .cases import make_inputs
 from .timing import make_timer
 
-__all__ = ["TuneProblem", "SUITE", "GRID", "CHECKS", "PROBLEMS", "GROUPS", "QUICK", "main", "tune"]
+__all__ = ["KEEP_DEFAULT", "MAX_LOSS", "TuneProblem", "SUITE", "GRID", "CHECKS", "PROBLEMS", "GROUPS", "QUICK", "main", "tune"]
 
 KEEP_DEFAULT = 0.02
+MAX_LOSS = 0.05
 _F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
 _DTYPES = {"float32": _F32, "bfloat16": _BF16, "float16": _F16}
 
@@ -175,8 +176,11 @@ def _host_bound(times: dict, host_ms) -> tuple[dict, str]:
 
 def _pick(runs: list[dict]) -> str:
     """The winning config name over one bucket's problems: ``runs`` holds each problem's times (ms) by
-    config name, ``"native"`` among them; configs missing from any problem are out."""
+    config name, ``"native"`` among them; configs missing from any problem are out, and so are those
+    more than :data:`MAX_LOSS` slower than the native default on any problem (a bucket's choice
+    applies to every shape in it: it must not cost a shape of the bucket much to gain elsewhere)."""
     names = set.intersection(*(set(t) for t in runs))
+    names = {n for n in names if all(t[n] <= (1 + MAX_LOSS) * t["native"] for t in runs)}
     score = {n: statistics.geometric_mean(t[n] / t["native"] for t in runs) for n in names}
     best = min(sorted(score), key=score.get)
     if score["native"] <= (1 + KEEP_DEFAULT) * score[best]:
