@@ -246,13 +246,13 @@ def test_triton_config_without_triton_raises(monkeypatch):
 def test_api_passes_configs_to_the_op(monkeypatch):
     """torch_linrec.scan calls the op with all seven arguments, the configs as chosen."""
     calls = []
-    real = torch.ops.linrec.scan
+    real = torch.ops.linrec.scan.default
 
     def recording_op(x, coeffs, initial=None, dim=-1, reverse=False, config=None, backward_config=None):
         calls.append((initial, dim, reverse, config, backward_config))
         return real(x, coeffs, initial, dim, reverse, config, backward_config)
 
-    monkeypatch.setattr(torch.ops.linrec, "scan", recording_op)
+    monkeypatch.setattr(torch_linrec.api, "_NATIVE_SCAN", recording_op)
     x, c, h0 = _inputs()
     torch_linrec.scan(x, c, h0, 1, True)
     torch_linrec.scan(x, c, dim=-2, config="cpu.g16", backward_config="native", backend="native")
