@@ -231,3 +231,44 @@ def test_tuner_grid_covers_the_buckets_the_suite_leaves_out():
                 k = f"scan/fwd/float32/{layout}/L<=2^{a}/R<=2^{b}"
                 assert (k in suite or k in grid) == (22 <= a + b <= 28 or k in suite), k
     assert "NL-512x8192" in GROUPS["grid"] and "NL-131072x1024" in GROUPS["suite"]
+
+
+def test_tuner_runs_the_checks_of_a_winner(monkeypatch):
+    """A grid problem whose winner is not the default runs its checks with that winner and the
+    default only, and the bucket's entry is picked over all of them: a winner that loses more than
+    MAX_LOSS on a check is not taken (the tuner on the CPU, with a fake timer and fake configs)."""
+    from torch_linrec.bench import tune
+
+    prob, check = tune.TuneProblem("NL-4x64", (4, 64), -1), tune.TuneProblem("NL-3x48", (3, 48), -1)
+    ms = {((4, 64), "native"): 1.0, ((4, 64), "a"): 0.5, ((4, 64), "b"): 0.9,
+          ((3, 48), "native"): 1.0, ((3, 48), "a"): 0.9, ((3, 48), "b"): 0.5}
+    timed = []
+
+    def run(cfg, t):
+        fn = lambda: None  # noqa: E731
+        fn.key = (tuple(t.shape), cfg)
+        return fn
+
+    class Timer:
+        def __call__(self, fn):
+            key = getattr(fn, "key", None)
+            timed.append(key)
+            return ms[key] if key else 1.0
+
+    monkeypatch.setattr(tune, "make_timer", lambda device, quick=False: Timer())
+    monkeypatch.setattr(tune, "config_names", lambda device, dtype: ["native", "a", "b"])
+    monkeypatch.setattr(tune, "_run_fwd", lambda cfg, x, c, dim: run(cfg, x))
+    monkeypatch.setattr(tune, "_run_bwd", lambda cfg, gy, c, y, dim: run(cfg, y))
+    monkeypatch.setitem(tune.CHECKS, prob.name, (check,))
+    entries = tune.tune([prob], [torch.float32], torch.device("cpu"), progress=False, log=lambda _: None)
+    assert [k for k in timed if k and k[0] == (3, 48)] == [((3, 48), "a"), ((3, 48), "native")] * 2
+    assert {e["config"] for e in entries.values()} == {"a"}  # 0.9 at the check: within MAX_LOSS
+    assert all(e["problem"] == "NL-4x64+NL-3x48" for e in entries.values())
+    ms[((3, 48), "a")] = 1.0 + 2 * tune.MAX_LOSS
+    timed.clear()
+    entries = tune.tune([prob], [torch.float32], torch.device("cpu"), progress=False, log=lambda _: None)
+    assert {e["config"] for e in entries.values()} == {"native"}
+    ms[((4, 64), "a")] = ms[((4, 64), "b")] = 1.0
+    timed.clear()
+    tune.tune([prob], [torch.float32], torch.device("cpu"), progress=False, log=lambda _: None)
+    assert not [k for k in timed if k and k[0] == (3, 48)]  # the default won: no check

@@ -41,7 +41,8 @@ from ..linrec.ops import is_triton_config
 from .cases import make_inputs
 from .timing import make_timer
 
-__all__ = ["KEEP_DEFAULT", "MAX_LOSS", "TuneProblem", "SUITE", "GRID", "CHECKS", "PROBLEMS", "GROUPS", "QUICK", "main", "tune"]
+__all__ = ["KEEP_DEFAULT", "MAX_LOSS", "TuneProblem", "SUITE", "GRID", "CHECKS", "PROBLEMS", "GROUPS", "QUICK",
+           "main", "tune"]
 
 KEEP_DEFAULT = 0.02
 MAX_LOSS = 0.05
@@ -238,9 +239,9 @@ def tune(problems, dtypes, device: torch.device, quick: bool = False, progress: 
                 runs.setdefault(key, []).append((prob.name, times, t_add, moved))
             wins = {key.split("/")[1]: _pick([times]) for key, times, _, _ in measured}
             if set(wins.values()) != {"native"}:
+                pair = {d: sorted({"native", w}) for d, w in wins.items()}
                 for check in CHECKS.get(prob.name, ()):
-                    names = {d: sorted({"native", w}) for d, w in wins.items()}
-                    for key, times, t_add, moved in _measure(check, dtype, names, device, timer, log):
+                    for key, times, t_add, moved in _measure(check, dtype, pair, device, timer, log):
                         runs.setdefault(key, []).append((check.name, times, t_add, moved))
             bar.update(1)
     entries: dict = {}
@@ -291,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the tuner needs a CUDA GPU (the CPU has one kernel config)")
     device = torch.device(args.device)
     known = {p.name: p for p in PROBLEMS}
-    names = [m for n in _split(args.cases) or (list(QUICK) if args.quick else list(known)) for m in GROUPS.get(n, (n,))]
+    asked = _split(args.cases) or (list(QUICK) if args.quick else list(known))
+    names = [m for n in asked for m in GROUPS.get(n, (n,))]
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown tuning problem(s) {unknown}; known: {list(known)}")
@@ -307,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                    progress=not args.no_progress)
     elapsed = time.perf_counter() - start
     settings = {"quick": args.quick, "short_timings": short, "problems": names, "dtypes": dnames,
-                "keep_default": KEEP_DEFAULT, "seconds": round(elapsed, 1)}
+                "keep_default": KEEP_DEFAULT, "max_loss": MAX_LOSS, "seconds": round(elapsed, 1)}
     path = write(entries, identity, settings, path=args.out)
     clear_memo()
     print(f"\nwinners ({len(entries)} buckets, {elapsed:.0f} s):")
