@@ -272,3 +272,17 @@ def test_tuner_runs_the_checks_of_a_winner(monkeypatch):
     timed.clear()
     tune.tune([prob], [torch.float32], torch.device("cpu"), progress=False, log=lambda _: None)
     assert not [k for k in timed if k and k[0] == (3, 48)]  # the default won: no check
+
+
+def test_tuner_cases_take_groups():
+    """--cases: problem names and the groups suite / grid, expanded in order, each problem once; an
+    unknown name raises ValueError naming it; none: every problem (QUICK's with --quick)."""
+    from torch_linrec.bench.tune import GRID, PROBLEMS, QUICK, SUITE, select_problems
+
+    assert select_problems(None) == list(PROBLEMS) and len(PROBLEMS) == len(SUITE) + len(GRID)
+    assert [p.name for p in select_problems(None, quick=True)] == list(QUICK)
+    assert select_problems(["grid"]) == list(GRID)
+    picked = select_problems(["NL-512x8192", "suite", "NL-131072x1024"])
+    assert picked[0].name == "NL-512x8192" and picked[1:] == list(SUITE)
+    with pytest.raises(ValueError, match=r"unknown tuning problem\(s\) \['NL-7x7'\]; known: suite, grid"):
+        select_problems(["NL-7x7", "grid"])

@@ -42,7 +42,7 @@ from .cases import make_inputs
 from .timing import make_timer
 
 __all__ = ["KEEP_DEFAULT", "MAX_LOSS", "TuneProblem", "SUITE", "GRID", "CHECKS", "PROBLEMS", "GROUPS", "QUICK",
-           "main", "tune"]
+           "main", "select_problems", "tune"]
 
 KEEP_DEFAULT = 0.02
 MAX_LOSS = 0.05
@@ -280,6 +280,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def select_problems(cases: list[str] | None, quick: bool = False) -> list[TuneProblem]:
+    """The problems ``--cases`` names: problem names or the groups of :data:`GROUPS`, in order, each
+    once; None: :data:`QUICK` with ``quick``, else every problem.
+
+    Raises:
+        ValueError: naming the unknown entries and the valid ones.
+    """
+    known = {p.name: p for p in PROBLEMS}
+    asked = cases or (list(QUICK) if quick else list(known))
+    names = list(dict.fromkeys(m for n in asked for m in GROUPS.get(n, (n,))))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown tuning problem(s) {unknown}; known: {', '.join(GROUPS)} or {list(known)}")
+    return [known[n] for n in names]
+
+
 def _split(values):
     return [n for v in values for n in v.split(",") if n] if values else None
 
@@ -291,12 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         parser.error("the tuner needs a CUDA GPU (the CPU has one kernel config)")
     device = torch.device(args.device)
-    known = {p.name: p for p in PROBLEMS}
-    asked = _split(args.cases) or (list(QUICK) if args.quick else list(known))
-    names = [m for n in asked for m in GROUPS.get(n, (n,))]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        parser.error(f"unknown tuning problem(s) {unknown}; known: {list(known)}")
+    try:
+        problems = select_problems(_split(args.cases), args.quick)
+    except ValueError as e:
+        parser.error(str(e))
+    names = [p.name for p in problems]
     dnames = _split(args.dtypes) or (["float32", "bfloat16"] if args.quick else list(_DTYPES))
     if any(d not in _DTYPES for d in dnames):
         parser.error(f"--dtypes must be among {list(_DTYPES)}, got {dnames}")
@@ -305,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(names)} problems x {len(dnames)} dtypes x fwd/bwd")
     start = time.perf_counter()
     short = args.quick or args.short_timings
-    entries = tune([known[n] for n in names], [_DTYPES[d] for d in dnames], device, quick=short,
+    entries = tune(problems, [_DTYPES[d] for d in dnames], device, quick=short,
                    progress=not args.no_progress)
     elapsed = time.perf_counter() - start
     settings = {"quick": args.quick, "short_timings": short, "problems": names, "dtypes": dnames,
