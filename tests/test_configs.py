@@ -119,6 +119,25 @@ def test_two_writers_at_once_keep_every_entry(dirs):
     assert cache.validate(data, IDENTITY) is None
     assert len(data["entries"]) == 30
     assert not list(user.glob("*.tmp"))
+    runs = data["_metadata"]["tuner_runs"]
+    assert sorted(r["writer"] for r in runs) == [1] * 15 + [2] * 15 and all("date" in r for r in runs)
+    assert data["_metadata"]["tuner"] == {k: v for k, v in runs[-1].items() if k != "date"}
+
+
+def test_tuner_runs_recorded(dirs):
+    """Each write records its tuner settings in tuner_runs (appended on merge, the last also as
+    tuner); a file from before tuner_runs counts its tuner as the first run; merge=False starts over."""
+    user, _ = dirs
+    path = user / cache.cache_file_name(IDENTITY)
+    cache.write({KEY: {"config": "native"}}, IDENTITY, {"run": 1}, path=path)
+    data = json.loads(path.read_text())
+    del data["_metadata"]["tuner_runs"]  # as written by an older version
+    path.write_text(json.dumps(data))
+    cache.write({KEY: {"config": "native"}}, IDENTITY, {"run": 2}, path=path)
+    meta = json.loads(path.read_text())["_metadata"]
+    assert [r["run"] for r in meta["tuner_runs"]] == [1, 2] and meta["tuner"] == {"run": 2}
+    cache.write({KEY: {"config": "native"}}, IDENTITY, {"run": 3}, path=path, merge=False)
+    assert [r["run"] for r in json.loads(path.read_text())["_metadata"]["tuner_runs"]] == [3]
 
 
 @pytest.mark.parametrize("name", ["nvidia-h100-80gb-hbm3.json", "nvidia-h200.json"])

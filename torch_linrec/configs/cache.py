@@ -4,10 +4,12 @@ A cache file is JSON for one GPU model::
 
     {"_metadata": {"format": 1, "library": "0.1.0", "torch": ..., "triton": ..., "cuda": ..., "date": ...,
                    "device": {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "sms": 132},
-                   "tuner": {...settings...}},
+                   "tuner": {...settings...}, "tuner_runs": [{"date": ..., ...settings...}, ...]},
      "entries": {"scan/fwd/float32/strided/L<=2^12/R<=2^16": {"config": "channel.s8r16b1p2", "backend": "native",
                                                                "ratio": 0.97}, ...}}
 
+(``tuner``: the last run's settings; ``tuner_runs``: every run merged into the file, oldest first;
+the shipped files also list hand edits in ``edits``),
 mapping a problem bucket (:func:`torch_linrec.dispatch.bucket_key`) to the config to run (its name
 says its backend: ``"triton..."`` or a native one). Lookup order per device: the user's file
 (``$TORCH_LINREC_CACHE_DIR`` or the per-user cache directory of ``platformdirs``), then the file
@@ -182,6 +184,14 @@ def _versions() -> dict:
     return out
 
 
+def _runs(meta: dict) -> list:
+    """The tuner runs a file's metadata records (files written before ``tuner_runs``: the last one)."""
+    runs = meta.get("tuner_runs")
+    if isinstance(runs, list):
+        return runs
+    return [{"date": meta.get("date"), **meta["tuner"]}] if isinstance(meta.get("tuner"), dict) else []
+
+
 def write(entries: dict, identity: dict, tuner: dict, path: Path | None = None, merge: bool = True) -> Path:
     """Writes a cache file atomically under a file lock, and returns its path.
 
@@ -190,24 +200,27 @@ def write(entries: dict, identity: dict, tuner: dict, path: Path | None = None, 
         identity: :func:`device_identity` of the tuned device.
         tuner: the tuner's settings, stored in ``_metadata``.
         path: the file (default: the user cache directory's file for ``identity``).
-        merge: keep the entries of a valid existing file for buckets not in ``entries``.
+        merge: keep the entries of a valid existing file for buckets not in ``entries``, and its
+            ``tuner_runs`` (this run is appended).
     """
     from filelock import FileLock
 
     path = Path(path) if path is not None else user_cache_dir() / cache_file_name(identity)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
-        merged = {}
+        merged, runs = {}, []
         if merge and path.is_file():
             try:
                 old = json.loads(path.read_text())
                 if validate(old, identity) is None:
                     merged.update(old["entries"])
+                    runs = _runs(old["_metadata"])
             except (OSError, ValueError):
                 pass
         merged.update(entries)
-        meta = {"format": FORMAT, **_versions(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"), "device": identity, "tuner": tuner}
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        meta = {"format": FORMAT, **_versions(), "date": date, "device": identity, "tuner": tuner,
+                "tuner_runs": runs + [{"date": date, **tuner}]}
         text = json.dumps({"_metadata": meta, "entries": dict(sorted(merged.items()))}, indent=1) + "\n"
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         try:
