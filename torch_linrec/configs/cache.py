@@ -200,27 +200,28 @@ def write(entries: dict, identity: dict, tuner: dict, path: Path | None = None, 
         identity: :func:`device_identity` of the tuned device.
         tuner: the tuner's settings, stored in ``_metadata``.
         path: the file (default: the user cache directory's file for ``identity``).
-        merge: keep the entries of a valid existing file for buckets not in ``entries``, and its
-            ``tuner_runs`` (this run is appended).
+        merge: keep the entries of a valid existing file for buckets not in ``entries``, its
+            ``tuner_runs`` (this run is appended) and its ``edits``.
     """
     from filelock import FileLock
 
     path = Path(path) if path is not None else user_cache_dir() / cache_file_name(identity)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
-        merged, runs = {}, []
+        merged, runs, kept = {}, [], {}
         if merge and path.is_file():
             try:
                 old = json.loads(path.read_text())
                 if validate(old, identity) is None:
                     merged.update(old["entries"])
                     runs = _runs(old["_metadata"])
+                    kept = {k: old["_metadata"][k] for k in ("edits",) if k in old["_metadata"]}
             except (OSError, ValueError):
                 pass
         merged.update(entries)
         date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         meta = {"format": FORMAT, **_versions(), "date": date, "device": identity, "tuner": tuner,
-                "tuner_runs": runs + [{"date": date, **tuner}]}
+                "tuner_runs": runs + [{"date": date, **tuner}], **kept}
         text = json.dumps({"_metadata": meta, "entries": dict(sorted(merged.items()))}, indent=1) + "\n"
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         try:
