@@ -94,7 +94,7 @@ def _grid() -> tuple[tuple[TuneProblem, tuple[TuneProblem, ...]], ...]:
     edges: ``L<=2^8`` holds every length up to 256, ``R<=2^0`` one row); the checks are length
     3 x 2^(a-3) with rows 3 x 2^(b-2) (more rows per SM, shorter; one row for b = 0) and the
     bucket's top corner, 2^b rows of 2^a steps. The default plans change with rows per SM and
-    length inside a bucket: a choice made at the middle lost 20-40% elsewhere (H200, bfloat16
+    length inside a bucket: a choice made at the middle lost 15-40% elsewhere (H200, bfloat16
     L<=2^14/R<=2^10: the backward that won by 16% at 512 x 8192 lost at 600 x 6000-8000; H100,
     L<=2^12/R<=2^10: the forward and backward that won at 512 x 2048 and 768 x 1536 lost 17% at
     1000 x 4096; bench/NOTES.md item 76). Innermost rows with lengths from 2^8 to 2^26; (B, L, D)
