@@ -99,19 +99,14 @@ def _grid() -> tuple[tuple[TuneProblem, tuple[TuneProblem, ...]], ...]:
     L<=2^12/R<=2^10: the forward and backward that won at 512 x 2048 and 768 x 1536 lost 17% at
     1000 x 4096; bench/NOTES.md item 76). Innermost rows with lengths from 2^8 to 2^26; (B, L, D)
     with D = min(rows, 1024) for lengths 2^8 to 2^16."""
-    suite = set()
-    for p in SUITE:
-        length = p.shape[p.dim]
-        layout = "NL" if p.dim in (-1, len(p.shape) - 1) else "BLD"
-        suite.add((layout + ("-bcast" if p.coeff_shape else ""), _pow4(length, 8),
-                   _pow4(math.prod(p.shape) // length, 0)))
+    suite = {_bucket(p) for p in SUITE}
     out = []
     for layout, lengths in (("NL", range(8, 27, 2)), ("BLD", range(8, 17, 2))):
         for a in lengths:
             for b in range(0 if layout == "NL" else 8, 19, 2):
-                if not 22 <= a + b <= 28 or (layout, a, b) in suite:
-                    continue
                 mid = _problem(layout, 1 << (a - 1), 1 << max(b - 1, 0))
+                if not 22 <= a + b <= 28 or _bucket(mid) in suite:
+                    continue
                 out.append((mid, (_problem(layout, 3 << (a - 3), 3 << (b - 2) if b >= 2 else 1),
                                   _problem(layout, 1 << a, 1 << b))))
     return tuple(out)
@@ -124,10 +119,11 @@ def _problem(layout: str, length: int, rows: int) -> TuneProblem:
     return TuneProblem(f"BLD-{rows // d}x{length}x{d}", (rows // d, length, d), 1)
 
 
-def _pow4(n: int, floor: int) -> int:
-    """The bucket exponent of ``n`` (as :func:`~torch_linrec.dispatch.bucket_key` rounds)."""
-    k = max((max(n, 1) - 1).bit_length(), floor)
-    return k + k % 2
+def _bucket(p: TuneProblem) -> str:
+    """The forward float32 bucket key of a problem's layout and sizes (contiguous inputs)."""
+    length = p.shape[p.dim]
+    layout = ("innermost" if p.dim in (-1, len(p.shape) - 1) else "strided") + ("-bcast" if p.coeff_shape else "")
+    return bucket_key("scan", "fwd", torch.float32, layout, length, math.prod(p.shape) // length)
 
 
 GRID: tuple[TuneProblem, ...] = tuple(p for p, _ in _grid())
