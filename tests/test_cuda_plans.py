@@ -474,3 +474,28 @@ def test_look_back_odd_rows(reverse, dtype):
     look-back (the default) and the first and last rows' phases differing."""
     x, c, h0 = _phase_inputs("contig", 3, 2 ** 19 + 5, dtype, seed=7)
     check_against_cpu_kernel(x, c, h0, -1, reverse, dtype)
+
+
+def _contiguous_rows(rows: int, length: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, length, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    c = (0.5 + 0.5 * torch.rand(rows, length, generator=g, device="cuda")).to(dtype)
+    return x, c
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
+def test_segmented_rows_default(reverse, dtype):
+    """Many rows shorter than the walking tile, which the default plan groups into sequences of
+    several rows with segments (plan.h's segment_rows; test_plan_host checks that these shapes are
+    grouped: 8 rows of 128 steps, 24 of 37, 1024 of 1, float32's 4 of 255, 5 of 128): every output,
+    grad_initial of each row included; with `initial` and a sliced view the rows are not grouped."""
+    cases = [(8448, 128), (48000, 37), (1081344, 1), (4224, 255), (8000, 128)]
+    for i, (rows, length) in enumerate(cases):
+        x, c = _contiguous_rows(rows, length, dtype, seed=31 + i)
+        check_against_cpu_kernel(x, c, None, -1, reverse, dtype, "native", "native")
+    x, c = _contiguous_rows(8448, 128, dtype, seed=41)
+    h0 = torch.randn(8448, device="cuda", dtype=torch.float32).to(dtype)
+    check_against_cpu_kernel(x, c, h0, -1, reverse, dtype, "native", "native")
+    x, c = _contiguous_rows(8448, 130, dtype, seed=42)
+    check_against_cpu_kernel(x[:, 1:-1], c[:, 1:-1], None, -1, reverse, dtype, "native", "native")

@@ -237,6 +237,7 @@ int main() {
       show_bld(elem, bwd, 8, 4096, 4096);  // mamba-BLD: channel blocks for a wave and more
       show_bld(elem, bwd, 32, 512, 768);   // 192 blocks of 128 channels
       show_bld(elem, bwd, 4, 4096, 2048);  // 64: chained by look-back
+      show_bld(elem, bwd, 1, 8192, 256);   // 2: chained by look-back
     }
 }
 """
@@ -247,17 +248,22 @@ def test_channel_pipe_defaults(tmp_path):
     """Channel blocks walk L with prefetching configs where they fill 3/4 of a wave, forward and
     backward (backward: 4 steps of 4 channels, two blocks per SM for a 2-byte type and one for
     float32; else for a 2-byte type 8 steps over one block per SM); fewer channel blocks take the
-    default config chained by look-back."""
+    default config chained by look-back: the float32 backward over 4 or more blocks of 128 channels
+    takes 4 steps of 4 channels (plan.h's channel_wide; H100 4 x 4096 x 2048: 0.79 of a vector add
+    against 0.62 with pairs), over fewer, pairs."""
     got = _run_program(tmp_path, "channel", _CHANNEL_PROGRAM)
     assert got == [
         # float32 forward: pairs, 8 steps over 16 warps, prefetching, where they fill 3/4 of a wave
         "channel.s8r16b1p2.pipe 1 32", "channel.s8r16b1p2.pipe 1 4", "channel.s8r16b1p2.pipe 1 32",
-        # float32 backward: groups of 4 channels, 128 per block; 64 blocks look back (pairs)
-        "channel.s4r8b2c4.pipe 1 128", "channel.s4r8b2c4.pipe 1 16", "channel.s8r16b1p2 32 1",
+        "channel.s16r8b2p2 64 1",
+        # float32 backward: groups of 4 channels, 128 per block; 64 blocks look back over 32-step
+        # spans of 4 channels, 2 blocks over 128-step spans of pairs
+        "channel.s4r8b2c4.pipe 1 128", "channel.s4r8b2c4.pipe 1 16", "channel.s4r8b3c4 128 1",
+        "channel.s8r16b1p2 64 1",
         # 2-byte forward
-        "channel.s8r8b2c4.pipe 1 64", "channel.s16r8b2c4 4 1", "channel.s16r8b2c4 32 1",
+        "channel.s8r8b2c4.pipe 1 64", "channel.s16r8b2c4 4 1", "channel.s16r8b2c4 32 1", "channel.s16r8b2c4 64 1",
         # 2-byte backward: 198 blocks or more two per SM, 99 or more one per SM
-        "channel.s4r8b3c4.pipe 1 128", "channel.s8r8b2c4.pipe 1 8", "channel.s8r8b2c4 64 1",
+        "channel.s4r8b3c4.pipe 1 128", "channel.s8r8b2c4.pipe 1 8", "channel.s8r8b2c4 64 1", "channel.s8r8b2c4 128 1",
     ]
 
 
@@ -494,3 +500,84 @@ def test_whole_row_tile_default(tmp_path):
             assert int(per_chunk) > 1, (elem, bwd, rows, length, config)
     # Ampere walks them
     assert int(got[-1][7]) > 1, got[-1]
+
+
+_SEGMENTS_PROGRAM = r"""
+#include <cstdio>
+#include "linrec/cuda/plan.h"
+using namespace linrec;
+// Contiguous rows (the layout of (rows, len) tensors): reversed walks point at each row's last step.
+static void show(int elem_size, bool backward, bool reverse, long long rows, long long len, bool initial = false,
+                 long long misalign = 0) {
+  ScanParams p{};
+  p.len = len; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows; p.backward = backward;
+  alignas(16) static char buf[64];
+  for (int s = 0; s < kNumSlots; ++s) {
+    p.lstride[s] = is_batch_slot(s) ? 0 : (reverse ? -1 : 1);
+    p.bstride[s][0] = is_batch_slot(s) ? 1 : len;
+  }
+  for (int s : {kIn, kCoeff, kOut}) p.ptr[s] = buf + 16 + misalign * elem_size + (reverse ? (len - 1) * elem_size : 0);
+  if (backward)
+    for (int s : {kGradIn, kGradCoeff}) p.ptr[s] = buf + 16 + (reverse ? (len - 1) * elem_size : 0);
+  if (backward) p.ptr[kGradInit] = buf;
+  if (initial) p.ptr[kInit] = buf;
+  const DeviceInfo dev{132, 9, 232448, 25.4f};
+  const long long g = segment_rows(p, elem_size, dev);
+  if (g == 1) { std::printf("%d %d %d %lld %lld 1\n", elem_size, backward, reverse, rows, len); return; }
+  const ScanParams q = segment_params(p, g, elem_size);
+  const ScanPlan plan = plan_segments(q, elem_size, dev);
+  std::printf("%d %d %d %lld %lld %lld %lld %lld %lld %lld %lld %s %lld %lld %d\n", elem_size, backward, reverse, rows,
+              len, g, (long long)q.len, (long long)q.num_seq, (long long)q.seg_len,
+              (long long)((char*)q.ptr[kIn] - (char*)p.ptr[kIn]) / elem_size,
+              backward ? (long long)((char*)q.ptr[kGradInit] - (char*)p.ptr[kGradInit]) / elem_size * 1000 +
+                             q.seg_grad_init_step : 0,
+              config_name(plan.kind, elem_size, plan.config), (long long)plan.num_chunks,
+              (long long)plan.per_chunk, plan.segments ? 1 : 0);
+}
+int main() {
+  for (int elem : {4, 2})
+    for (bool bwd : {false, true})
+      for (bool rev : {false, true}) {
+        show(elem, bwd, rev, 8448, 128);
+        show(elem, bwd, rev, 48000, 37);
+        show(elem, bwd, rev, 1081344, 1);
+      }
+  show(4, false, false, 4224, 255);      // 4 rows of 255 float32 steps: 4080 bytes, aligned
+  show(2, false, false, 4224, 255);      // 2-byte: 2040 / 1530 bytes, off the grid: not grouped
+  show(4, false, false, 8448, 128, true);  // initial
+  show(4, false, false, 8448, 128, false, 1);  // rows off the 16-byte grid
+  show(4, false, false, 8000, 128);      // 1000 groups of 8: fewer than 8 per SM; 1600 of 5
+  show(4, false, false, 4000, 128);      // 500 of 8, 800 of 5, 1000 of 4: too few
+  show(4, false, false, 131072, 512);    // a whole walking tile
+  show(4, false, false, 131072, 300);    // 3 rows do not divide 2^17: 2
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_segmented_rows_default(tmp_path):
+    """Many rows shorter than the walking tile (512 steps) run as sequences of g rows back to back,
+    g the largest divisor of the rows with at most 1024 steps per sequence, at least one walking tile,
+    16-byte aligned and 8 per SM (plan.h's segment_rows), walked by the walking tile with segments;
+    a reverse walk starts at each group's last step; the backward writes grad_initial from the row
+    of the sequence's last step in walk order (the last row forward, the first reversed). Not with
+    `initial`, rows off the 16-byte grid, too few groups, or rows of a whole walking tile."""
+    got = [line.split() for line in _run_program(tmp_path, "segments", _SEGMENTS_PROGRAM)]
+    walk = {4: "tile.e8t64", 2: "tile.e16t32"}
+    expect = []
+    for elem in (4, 2):
+        for bwd in (0, 1):
+            for rev in (0, 1):
+                for rows, length, g in ((8448, 128, 8), (48000, 37, 24), (1081344, 1, 1024)):
+                    steps = g * length
+                    ptr = (g - 1) * length if rev else 0
+                    grad_init = ((0 if rev else g - 1) * 1000 + (1 if rev else -1)) if bwd else 0
+                    expect.append([str(v) for v in (elem, bwd, rev, rows, length, g, steps, rows // g, length,
+                                                    ptr, grad_init, walk[elem], 1, -(-steps // 512), 1)])
+    expect.append(["4", "0", "0", "4224", "255", "4", "1020", "1056", "255", "0", "0", "tile.e8t64", "1", "2", "1"])
+    expect += [["2", "0", "0", "4224", "255", "1"], ["4", "0", "0", "8448", "128", "1"],
+               ["4", "0", "0", "8448", "128", "1"]]
+    expect.append(["4", "0", "0", "8000", "128", "5", "640", "1600", "128", "0", "0", "tile.e8t64", "1", "2", "1"])
+    expect += [["4", "0", "0", "4000", "128", "1"], ["4", "0", "0", "131072", "512", "1"]]
+    expect.append(["4", "0", "0", "131072", "300", "2", "600", "65536", "300", "0", "0", "tile.e8t64", "1", "2", "1"])
+    assert got == expect

@@ -19,6 +19,13 @@ struct ScanParams : StridedLayout<kNumSlots> {
   // and no look-back between blocks (whose carries may compose in a timing-dependent order), so
   // every run gives the same bits.
   bool deterministic;
+  // Tile kernel (CUDA): each sequence holds whole rows of `seg_len` steps back to back, scanned
+  // independently (plan.h segment_rows; 0: off). The kernel zeroes the coefficient that would
+  // carry a state across a row start, and in the backward writes each row's grad_initial at
+  // `seg_grad_init_step` elements from the previous row's (in walk order, counted from the row
+  // that holds the sequence's last step).
+  int64_t seg_len;
+  int64_t seg_grad_init_step;
 };
 
 // Batch-shaped slots (x's shape without the scanned dim); the others have x's shape.

@@ -34,6 +34,8 @@ constexpr TileConfig kTileConfigs2B[] = {
     {"tile.e16t16", 16, 16},  {"tile.e32t32", 32, 32}, {"tile.e32t128", 32, 128}, {"tile.e32t64", 32, 64},
     {"tile.e16t64", 16, 64}, {"tile.e16t32", 16, 32}};
 constexpr int kNumTileConfigs = 6;
+// The walking tile of the defaults (configs_sm90.h), also the only one compiled for segmented rows.
+constexpr int kTileWalk = 5;
 constexpr TileConfig tile_config(int elem_size, int i) {
   return elem_size == 2 ? kTileConfigs2B[i] : kTileConfigs4B[i];
 }

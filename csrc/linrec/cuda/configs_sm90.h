@@ -14,6 +14,7 @@ struct ScanDefaults {
   int ring;           // ring config for fewer sequences than the stream kernel takes, or -1
   int64_t ring_over_stream_len;  // rows at least this long take the ring where stream blocks would fill the SMs (0: none)
   int channel;        // channel config
+  int channel_wide;   // channel config instead where 4 or more of its blocks span the channels, or -1
   int channel_pipe[2];  // channel configs whose blocks walk L (enough channel blocks): the first that may, or -1
 };
 
@@ -28,8 +29,8 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
   // (4-byte), whatever the rows' length: more, smaller blocks keep more loads in flight than one tile
   // holding the row (bench/NOTES.md item 48; H200 backward, of a vector add: bf16 65536 x 2048 0.34
   // -> 0.83, float32 131072 x 1024 0.86 -> 0.97).
-  d.tile_walk = 5;
-  static_assert(kTileConfigs4B[5].tile() == 512 && kTileConfigs2B[5].tile() == 512, "the walking tile");
+  d.tile_walk = kTileWalk;
+  static_assert(kTileConfigs4B[kTileWalk].tile() == 512 && kTileConfigs2B[kTileWalk].tile() == 512, "the walking tile");
   // The tuner's choices for the look-back buckets (16 x 2^22, 4 x 2^24) on the H100 and the H200:
   // 4-byte forward 2048-step tiles of 128 threads (H100 16 x 2^22: 0.65 of torch.add vs 0.56 with
   // 1024-step tiles), backward 1024-step tiles of 128 threads; 2-byte 4096-step tiles of 128
@@ -72,6 +73,13 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
     d.channel = elem_size == 4 ? (group_width >= 2 ? 5 : 0) : (group_width >= 4 ? 5 : 0);
   else
     d.channel = elem_size == 2 && group_width >= 4 ? 6 : group_width >= 2 ? 4 : 0;
+  // The float32 backward by look-back over 4 or more blocks of 128 channels: 4 steps of 4 channels
+  // over 8 warps, 3 blocks per SM (H100, of a vector add: 8 x 8192 x 1024 0.79 against 0.62 with
+  // pairs, 2 x 4096 x 768 0.70 / 0.66, 4 x 2048 x 1000 0.71 / 0.58; over 1-2 blocks it loses: 1 x
+  // 32768 x 256 below 0.59 against 0.59; bench/NOTES.md item 77). Its 32-step spans take 4x the
+  // look-back status of the pairs' 128 (0.5 bytes per element).
+  d.channel_wide = backward && elem_size == 4 && group_width >= 4 ? 7 : -1;
+  static_assert(kChannelConfigs4B[7].cpl == 4 && kChannelConfigs4B[7].channels() == 128, "the wide channel config");
   // Prefetching blocks that walk L need no look-back: bf16 mamba-BLD forward 0.94 vs 0.87, float32
   // 0.97 vs 0.96 (8 steps of 4 channels / pairs, the next span's loads issued before the scan).
   // Backward (H200, of a vector add): bf16 8 x 4096 x 4096 0.94 with 4 steps of 4 channels over two

@@ -52,6 +52,15 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, const Lookbac
       return with_config<kNumTileConfigs>(plan.config, [&](auto i) {
         constexpr TileConfig cfg = tile_config(sizeof(T), i);
         const TileArgs args{plan.num_chunks, plan.per_chunk, plan.vec_mask, plan.walk_prefetch, lb};
+        if (plan.segments) {  // only the walking tile, aligned (plan_segments)
+          if constexpr (i == kTileWalk) {
+            if (plan.phase_shift) return cudaErrorInvalidConfiguration;
+            scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward, false, true><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+            return cudaGetLastError();
+          } else {
+            return cudaErrorInvalidConfiguration;
+          }
+        }
         if (plan.phase_shift)
           scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward, true><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
         else

@@ -46,6 +46,7 @@ struct ScanPlan {
   unsigned vec_mask;       // tile, stream and ring kernels: slots that take 16-byte vector accesses
   bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles shifted per row (scan_tile_kernel)
   bool walk_prefetch;      // tile kernel: a walking block prefetches its next tile into L2
+  bool segments;           // tile kernel: sequences of whole rows (ScanParams::seg_len; segment_rows)
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
   size_t workspace_bytes;  // look-back counters and status (0 without look-back; launch.h)
 };
@@ -442,6 +443,9 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
   const ScanDefaults def = device_defaults(dev, elem_size, p.backward, channel ? channel_group_width(p, elem_size) : 1);
   if (channel) {
     int config = req.index >= 0 ? req.index : def.channel;
+    if (req.index < 0 && def.channel_wide >= 0 &&
+        ceil_div(p.num_seq, channel_config(elem_size, def.channel_wide).channels()) >= 4)
+      config = def.channel_wide;
     if (req.index < 0)
       for (const int pipe : def.channel_pipe)  // the first prefetching config whose blocks walk L
         if (pipe >= 0 && channel_pipe(p, dev, channel_config(elem_size, pipe))) {
@@ -493,6 +497,77 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     // look-back: a counter (16 bytes), then two status words per (sequence, chunk)
     plan.workspace_bytes = 16 + static_cast<size_t>(p.num_seq * plan.num_chunks) * 16;
   }
+  return plan;
+}
+
+// Rows shorter than the walking tile, many of them: a block of that tile would hold one row and
+// leave the rest of its threads idle (float32 131072 x 128 at 0.40 / 0.55 of torch.add on the H200
+// / H100, bf16 backward 0.17 / 0.22; bench/NOTES.md items 76-77). Instead `g` rows back to back make
+// one sequence of g x len steps, scanned by the walking tile with the coefficient at each row start
+// zeroed (ScanParams::seg_len): the affine map of a step whose coefficient is 0 forgets the state
+// before it, so the block scan needs no segment flags. Returns g (1: the rows stay as they are):
+// the largest divisor of the rows that keeps the sequence at most kSegmentSteps long and at least
+// one walking tile, 16-byte aligned (no phase shift), and enough of them to walk (walk_min_rows). Only where every operand's
+// rows lie back to back with unit stride, without `initial` (its gradient would need the
+// coefficient before the mask) or a broadcast coefficient's accumulated gradient.
+constexpr int64_t kSegmentSteps = 1024;
+inline ScanParams segment_params(const ScanParams& p, int64_t g, int elem_size);
+
+inline int64_t segment_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
+  const ScanDefaults def = device_defaults(dev, elem_size, p.backward, 1);
+  if (def.tile_walk < 0 || p.nbatch != 1 || p.len < 1 || p.len * 2 > kSegmentSteps ||
+      p.len >= tile_config(elem_size, def.tile_walk).tile() || p.ptr[kInit] || p.accumulate_grad_coeff ||
+      is_channel_layout(p))
+    return 1;
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (is_batch_slot(s) || !p.ptr[s]) continue;
+    if (p.lstride[s] != p.lstride[kIn] || !unit_stride(p, s) || p.bstride[s][0] != p.len) return 1;
+  }
+  const int64_t walk_tile = tile_config(elem_size, def.tile_walk).tile();
+  for (int64_t g = kSegmentSteps / p.len; g >= 2 && g * p.len >= walk_tile; --g) {
+    if (p.num_seq % g != 0) continue;
+    const ScanParams q = segment_params(p, g, elem_size);
+    if (q.num_seq >= walk_min_rows(q, elem_size, dev) && !tile_phase_shift(q, elem_size) &&
+        vector_slots(q, elem_size) == vector_slots(q, elem_size, /*aligned=*/false))
+      return g;
+  }
+  return 1;
+}
+
+// `p` with each `g` consecutive rows made one sequence (segment_rows checked that they lie back to
+// back; `elem_size`: bytes of every slot's elements): a reverse walk starts at the group's last
+// step, and the backward's grad_initial pointer at the row that holds the sequence's last step in
+// walk order.
+inline ScanParams segment_params(const ScanParams& p, int64_t g, int elem_size) {
+  ScanParams q = p;
+  q.seg_len = p.len;
+  q.len = p.len * g;
+  q.num_seq = p.num_seq / g;
+  q.bsize[0] = q.num_seq;
+  const bool reversed = p.lstride[kIn] < 0;
+  for (int s = 0; s < kNumSlots; ++s) {
+    q.bstride[s][0] = p.bstride[s][0] * g;
+    if (!p.ptr[s] || is_batch_slot(s) || !reversed) continue;
+    q.ptr[s] = static_cast<char*>(p.ptr[s]) + (g - 1) * p.len * elem_size;
+  }
+  if (p.backward && p.ptr[kGradInit]) {
+    // Forward walk: the sequence's last step is in its last row, and the rows before it come
+    // earlier in memory; reverse walk: its first row, then the ones after it.
+    const int64_t step = p.bstride[kGradInit][0];
+    q.seg_grad_init_step = reversed ? step : -step;
+    if (!reversed) q.ptr[kGradInit] = static_cast<char*>(p.ptr[kGradInit]) + (g - 1) * step * elem_size;
+  }
+  return q;
+}
+
+// The plan of segment_params(p, g, elem_size): blocks of the walking tile (the only one compiled
+// with segments, launch.cuh) walk the grouped rows.
+inline ScanPlan plan_segments(const ScanParams& q, int elem_size, const DeviceInfo& dev) {
+  const ScanDefaults def = device_defaults(dev, elem_size, q.backward, 1);
+  ScanPlan plan{};
+  plan.vec_mask = vector_slots(q, elem_size);
+  plan_tile(plan, q, elem_size, dev, -1, def.tile_lookback, def.tile_walk, /*walk_many=*/true);
+  plan.segments = true;
   return plan;
 }
 

@@ -133,7 +133,10 @@ void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& de
   const DeviceInfo dev = device_info(device.index());
   const ConfigRequest req = parse_config(config, elem_size);
   bool inapplicable = false;
-  const ScanPlan plan = plan_scan(p, elem_size, dev, req, &inapplicable);
+  // Many short rows run as sequences of several rows each (plan.h segment_rows), unless a config is named.
+  const int64_t group = req.index < 0 ? segment_rows(p, elem_size, dev) : 1;
+  const ScanParams q = group > 1 ? segment_params(p, group, elem_size) : p;
+  const ScanPlan plan = group > 1 ? plan_segments(q, elem_size, dev) : plan_scan(p, elem_size, dev, req, &inapplicable);
   TORCH_CHECK_VALUE(!inapplicable, "linrec.scan: config '", config_name(req.kind, elem_size, req.index),
                     "' does not apply to this ", p.backward ? "backward" : "forward", " problem (",
                     num(p.num_seq), " sequences of length ", num(p.len), ", ",
@@ -143,7 +146,7 @@ void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& de
                     " sequences of length ", num(p.len), " need ", num(plan.grid), " blocks, more than a CUDA grid holds");
   const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
   const auto launch = [&](const LookbackWorkspace& ws) {
-    return p.backward ? launch_dtype<true>(dtype, p, plan, ws, stream) : launch_dtype<false>(dtype, p, plan, ws, stream);
+    return q.backward ? launch_dtype<true>(dtype, q, plan, ws, stream) : launch_dtype<false>(dtype, q, plan, ws, stream);
   };
   cudaError_t err;
   if (plan.workspace_bytes == 0 || plan.grid == 0) {

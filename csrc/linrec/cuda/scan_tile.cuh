@@ -480,6 +480,44 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
   replay_and_store<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, prefix.b, runs, v, c, yn);
 }
 
+// Segmented rows (ScanParams::seg_len = S; plan.h segment_rows): the step at each row start in walk
+// order forgets the state before it (coefficient 0), and in the backward the forward row start's
+// y[t+1] is the zero initial state. `c` and `yn` as scan_tile_registers takes them (the backward's
+// shifted, shift_backward_operands); steps past the sequence (r.hi) stay identities.
+template <int E>
+__device__ __forceinline__ void set_step(float (&a)[E], int i, float f) { a[i] = f; }
+template <typename T, int E>
+__device__ __forceinline__ void set_step(PackedSteps<T, E>& a, int i, float f) { a.set(i, f); }
+
+template <int E, bool kBackward, typename C, typename Y>
+__device__ __forceinline__ void mask_segments(int64_t tf, int seg, StepSpan r, C& c, Y& yn) {
+  int k = static_cast<int>(static_cast<uint32_t>(tf) % static_cast<uint32_t>(seg));  // steps into tf's row
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    if (i < r.hi) {
+      if (k == 0) set_step(c, i, 0.f);
+      if constexpr (kBackward)
+        if (k == seg - 1) set_step(yn, i, 0.f);
+    }
+    k = k + 1 == seg ? 0 : k + 1;
+  }
+}
+
+// The backward of segmented rows: each row's grad_initial, c[t] * dx[t] at its forward start (walk
+// step t with (t + 1) % S == 0), read back from global memory after the tile's stores (a loop over
+// the rows, not the steps: with the steps unrolled over registers the one-warp 2-byte and the 4-byte
+// walking backward spilled 84-92 bytes). The row that holds the sequence's last step is also written
+// by store_outputs, with the same value up to dx's rounding.
+template <typename T>
+__device__ __forceinline__ void store_segment_grad_init(const SeqTensors<T>& s, const ScanParams& p, int64_t L,
+                                                        int64_t tf, StepSpan r) {
+  const uint32_t seg = static_cast<uint32_t>(p.seg_len), first = static_cast<uint32_t>(tf);
+  __syncwarp();  // striped stores (WarpStripe): other lanes of the warp stored some of these steps
+  for (uint32_t t = first + (seg - 1 - first % seg); t < first + r.hi; t += seg)
+    s.dh0[int64_t((static_cast<uint32_t>(L) - 1 - t) / seg) * p.seg_grad_init_step] =
+        from_float<T>(to_float(s.cf[int64_t(t) * s.ls_c]) * to_float(s.dx[int64_t(t) * s.ls_dx]));
+}
+
 // One block per sequence (all its tiles, one after the other) or, with look-back
 // (num_chunks > 1), one block per tile, chained to its predecessors across blocks.
 // The 2-byte backward's minimum blocks per SM steer ptxas' register target (the 4-byte backward
@@ -500,14 +538,18 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // blocks per SM): its warp-striped accesses took it to 80 (H200, float32 2048 x 1024 backward 1.02 ->
 // 0.94 of a vector add).
 // Minimum blocks per SM of scan_tile_kernel (see there).
-template <typename T, int E, int NT, bool kBackward>
+// The segmented 2-byte backward over one warp (mask_segments on packed c and y) spilled at 64
+// registers: 24 blocks per SM (up to 85 registers) for it.
+template <typename T, int E, int NT, bool kBackward, bool kSegments = false>
 constexpr int tile_min_blocks() {
+  if (kSegments && sizeof(T) == 2 && kBackward && NT == 32) return 24;
   if (sizeof(T) != 2) return kBackward && E == 8 && NT == 64 ? 16 : 0;
   if (!kBackward) return E == 16 && NT == 32 ? 32 : 0;
   return E == 32 ? 512 / NT : NT == 32 ? 32 : NT > 32 ? 896 / NT : 1;
 }
-template <typename T, int E, int NT, bool kBackward, bool kPhaseShift>
-__global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
+// kSegments: the sequences hold whole rows of p.seg_len steps (mask_segments).
+template <typename T, int E, int NT, bool kBackward, bool kPhaseShift, bool kSegments = false>
+__global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegments>())
     scan_tile_kernel(const ScanParams p, const TileArgs args) {
   constexpr int kTile = E * NT;
   __shared__ typename cub::BlockScan<Affine, NT>::TempStorage scan_storage;
@@ -559,7 +601,9 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward>())
       load_tile_global_packed<T, E, NT, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
     else
       load_tile_global<T, E, NT, kBackward, kEdgeVectors, /*kStripe=*/true>(s, L, tf, r, vm, v, c, yn);
+    if constexpr (kSegments) mask_segments<E, kBackward>(tf, static_cast<int>(p.seg_len), r, c, yn);
     scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
+    if constexpr (kSegments && kBackward) store_segment_grad_init<T>(s, p, L, tf, r);
     if (tile + 1 < args.tiles_per_chunk) __syncthreads();  // scan_storage is reused by the next tile
   }
   // Warp 0 holds the state after the tiles (each lane ran the prefix callback alike).
