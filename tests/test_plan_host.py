@@ -238,6 +238,7 @@ int main() {
       show_bld(elem, bwd, 32, 512, 768);   // 192 blocks of 128 channels
       show_bld(elem, bwd, 4, 4096, 2048);  // 64: chained by look-back
       show_bld(elem, bwd, 1, 8192, 256);   // 2: chained by look-back
+      show_bld(elem, bwd, 1, 8192, 128);   // 1
     }
 }
 """
@@ -248,22 +249,25 @@ def test_channel_pipe_defaults(tmp_path):
     """Channel blocks walk L with prefetching configs where they fill 3/4 of a wave, forward and
     backward (backward: 4 steps of 4 channels, two blocks per SM for a 2-byte type and one for
     float32; else for a 2-byte type 8 steps over one block per SM); fewer channel blocks take the
-    default config chained by look-back: the float32 backward over 4 or more blocks of 128 channels
-    takes 4 steps of 4 channels (plan.h's channel_wide; H100 4 x 4096 x 2048: 0.79 of a vector add
-    against 0.62 with pairs), over fewer, pairs."""
+    default config chained by look-back: the float32 backward over 32 or more blocks of 128 channels
+    takes 4 steps of 4 channels (configs_sm90.h's channel_wide; H100 4 x 4096 x 2048: 0.78 of a
+    vector add against 0.62 with pairs), over 2-31 blocks 16 steps of 4 channels (1 x 8192 x 256),
+    over one, pairs (1 x 8192 x 128)."""
     got = _run_program(tmp_path, "channel", _CHANNEL_PROGRAM)
     assert got == [
         # float32 forward: pairs, 8 steps over 16 warps, prefetching, where they fill 3/4 of a wave
         "channel.s8r16b1p2.pipe 1 32", "channel.s8r16b1p2.pipe 1 4", "channel.s8r16b1p2.pipe 1 32",
-        "channel.s16r8b2p2 64 1",
+        "channel.s16r8b2p2 64 1", "channel.s16r8b2p2 64 1",
         # float32 backward: groups of 4 channels, 128 per block; 64 blocks look back over 32-step
-        # spans of 4 channels, 2 blocks over 128-step spans of pairs
+        # spans of 4 channels, 2 blocks over 64-step spans of 4 channels, 1 over 128-step spans of pairs
         "channel.s4r8b2c4.pipe 1 128", "channel.s4r8b2c4.pipe 1 16", "channel.s4r8b3c4 128 1",
-        "channel.s8r16b1p2 64 1",
+        "channel.s16r4b2c4 128 1", "channel.s8r16b1p2 64 1",
         # 2-byte forward
         "channel.s8r8b2c4.pipe 1 64", "channel.s16r8b2c4 4 1", "channel.s16r8b2c4 32 1", "channel.s16r8b2c4 64 1",
+        "channel.s16r8b2c4 64 1",
         # 2-byte backward: 198 blocks or more two per SM, 99 or more one per SM
         "channel.s4r8b3c4.pipe 1 128", "channel.s8r8b2c4.pipe 1 8", "channel.s8r8b2c4 64 1", "channel.s8r8b2c4 128 1",
+        "channel.s8r8b2c4 128 1",
     ]
 
 

@@ -14,7 +14,8 @@ struct ScanDefaults {
   int ring;           // ring config for fewer sequences than the stream kernel takes, or -1
   int64_t ring_over_stream_len;  // rows at least this long take the ring where stream blocks would fill the SMs (0: none)
   int channel;        // channel config
-  int channel_wide;   // channel config instead where 4 or more of its blocks span the channels, or -1
+  int channel_wide;   // channel config instead where 32 or more of its blocks span the channels, or -1
+  int channel_mid;    // channel config instead where 2 to 31 of channel_wide's blocks would, or -1
   int channel_pipe[2];  // channel configs whose blocks walk L (enough channel blocks): the first that may, or -1
 };
 
@@ -73,13 +74,18 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
     d.channel = elem_size == 4 ? (group_width >= 2 ? 5 : 0) : (group_width >= 4 ? 5 : 0);
   else
     d.channel = elem_size == 2 && group_width >= 4 ? 6 : group_width >= 2 ? 4 : 0;
-  // The float32 backward by look-back over 4 or more blocks of 128 channels: 4 steps of 4 channels
-  // over 8 warps, 3 blocks per SM (H100, of a vector add: 8 x 8192 x 1024 0.79 against 0.62 with
-  // pairs, 2 x 4096 x 768 0.70 / 0.66, 4 x 2048 x 1000 0.71 / 0.58; over 1-2 blocks it loses: 1 x
-  // 32768 x 256 below 0.59 against 0.59; bench/NOTES.md item 77). Its 32-step spans take 4x the
-  // look-back status of the pairs' 128 (0.5 bytes per element).
+  // The float32 backward by look-back, 4 channels per lane (128 per block) where they span 2 or more
+  // blocks (H100, of a vector add, against pairs; bench/NOTES.md item 77): from 32 blocks 4 steps
+  // over 8 warps, 3 blocks per SM (8 x 8192 x 1024 0.79 against 0.62, 4 x 2048 x 1000 0.72 / 0.59;
+  // 16 steps over 4 warps: 0.72, 0.67), below 16 steps over 4 warps, 2 blocks per SM (2 x 4096 x 768
+  // 0.71 / 0.64, 1 x 16384 x 512 0.67 / 0.62, 1 x 32768 x 256 0.64 / 0.60; 4 steps: 0.69, 0.65,
+  // 0.59). Their 32- and 64-step spans take 4x and 2x the look-back status of the pairs' 128 (0.5
+  // and 0.25 bytes per element).
   d.channel_wide = backward && elem_size == 4 && group_width >= 4 ? 7 : -1;
-  static_assert(kChannelConfigs4B[7].cpl == 4 && kChannelConfigs4B[7].channels() == 128, "the wide channel config");
+  d.channel_mid = backward && elem_size == 4 && group_width >= 4 ? 8 : -1;
+  static_assert(kChannelConfigs4B[7].cpl == 4 && kChannelConfigs4B[7].channels() == 128 &&
+                    kChannelConfigs4B[8].cpl == 4 && kChannelConfigs4B[8].channels() == 128,
+                "the 4-channel backward configs");
   // Prefetching blocks that walk L need no look-back: bf16 mamba-BLD forward 0.94 vs 0.87, float32
   // 0.97 vs 0.96 (8 steps of 4 channels / pairs, the next span's loads issued before the scan).
   // Backward (H200, of a vector add): bf16 8 x 4096 x 4096 0.94 with 4 steps of 4 channels over two

@@ -443,9 +443,11 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
   const ScanDefaults def = device_defaults(dev, elem_size, p.backward, channel ? channel_group_width(p, elem_size) : 1);
   if (channel) {
     int config = req.index >= 0 ? req.index : def.channel;
-    if (req.index < 0 && def.channel_wide >= 0 &&
-        ceil_div(p.num_seq, channel_config(elem_size, def.channel_wide).channels()) >= 4)
-      config = def.channel_wide;
+    if (req.index < 0 && def.channel_wide >= 0) {
+      const int64_t blocks = ceil_div(p.num_seq, channel_config(elem_size, def.channel_wide).channels());
+      if (blocks >= 32) config = def.channel_wide;
+      else if (blocks >= 2 && def.channel_mid >= 0) config = def.channel_mid;
+    }
     if (req.index < 0)
       for (const int pipe : def.channel_pipe)  // the first prefetching config whose blocks walk L
         if (pipe >= 0 && channel_pipe(p, dev, channel_config(elem_size, pipe))) {
