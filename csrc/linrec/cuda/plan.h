@@ -525,13 +525,22 @@ inline int64_t segment_rows(const ScanParams& p, int elem_size, const DeviceInfo
     if (is_batch_slot(s) || !p.ptr[s]) continue;
     if (p.lstride[s] != p.lstride[kIn] || !unit_stride(p, s) || p.bstride[s][0] != p.len) return 1;
   }
+  // Every group starts where its first row's lowest step is: 16-byte aligned there and a multiple of
+  // a vector long, it is aligned (vectorizable); the check is a loop of integer tests (host time).
+  const int64_t vec = 16 / elem_size;
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (is_batch_slot(s) || !p.ptr[s]) continue;
+    const char* lowest = static_cast<const char*>(p.ptr[s]) + (p.lstride[s] > 0 ? 0 : (1 - p.len) * elem_size);
+    if (reinterpret_cast<uintptr_t>(lowest) % 16 != 0) return 1;
+  }
   const int64_t walk_tile = tile_config(elem_size, def.tile_walk).tile();
-  for (int64_t g = kSegmentSteps / p.len; g >= 2 && g * p.len >= walk_tile; --g) {
-    if (p.num_seq % g != 0) continue;
-    const ScanParams q = segment_params(p, g, elem_size);
-    if (q.num_seq >= walk_min_rows(q, elem_size, dev) && !tile_phase_shift(q, elem_size) &&
-        vector_slots(q, elem_size) == vector_slots(q, elem_size, /*aligned=*/false))
-      return g;
+  const int64_t min_groups = 8 * int64_t(dev.num_sms);  // walk_min_rows of sequences of <= 2048 steps
+  for (int64_t g = std::min(kSegmentSteps / p.len, p.num_seq / min_groups); g >= 2 && g * p.len >= walk_tile; --g) {
+    if (p.num_seq % g != 0 || (g * p.len) % vec != 0) continue;
+    const ScanParams q = segment_params(p, g, elem_size);  // the plan's own checks, once
+    const bool walks = q.num_seq >= walk_min_rows(q, elem_size, dev) && !tile_phase_shift(q, elem_size) &&
+                       vector_slots(q, elem_size) == vector_slots(q, elem_size, /*aligned=*/false);
+    return walks ? g : 1;
   }
   return 1;
 }
