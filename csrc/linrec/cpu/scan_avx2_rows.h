@@ -41,7 +41,7 @@ LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, 
       const __m256 hv = _mm256_add_ps(mul_rounded(cv, _mm256_loadu_ps(h + d)), load8(xt + d));
       _mm256_storeu_ps(h + d, hv);
       if (prod)
-        _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));
+        _mm256_storeu_ps(prod + d, advance_product(_mm256_loadu_ps(prod + d), cv));
       else
         store8(yt + d, hv);
     }
@@ -49,7 +49,7 @@ LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, 
       const float cs = static_cast<float>(ct[d]);
       h[d] = mul_rounded(cs, h[d]) + static_cast<float>(xt[d]);
       if (prod)
-        prod[d] *= cs;
+        prod[d] = advance_product(prod[d], cs);
       else
         yt[d] = static_cast<T>(h[d]);
     }
@@ -75,7 +75,7 @@ LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsd
       const __m256 g = _mm256_add_ps(mul_rounded(cv, _mm256_loadu_ps(h + d)), load8(gt + d));
       _mm256_storeu_ps(h + d, g);
       if (prod) {
-        _mm256_storeu_ps(prod + d, _mm256_mul_ps(_mm256_loadu_ps(prod + d), cv));
+        _mm256_storeu_ps(prod + d, advance_product(_mm256_loadu_ps(prod + d), cv));
         continue;
       }
       const __m256 yv = yn ? load8(yn + d) : (init ? _mm256_loadu_ps(init + d) : _mm256_setzero_ps());
@@ -86,7 +86,7 @@ LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsd
       const float cs = cp ? static_cast<float>(cp[d]) : 0.f;
       h[d] = mul_rounded(cs, h[d]) + static_cast<float>(gt[d]);
       if (prod) {
-        prod[d] *= cs;
+        prod[d] = advance_product(prod[d], cs);
         continue;
       }
       const float yv = yn ? static_cast<float>(yn[d]) : (init ? init[d] : 0.f);
