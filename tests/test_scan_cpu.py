@@ -58,9 +58,13 @@ def _check(x, c, gy, h0, dim, reverse, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("shape,dim", [((1, LONG), -1), ((3, LONG), -1), ((1, LONG, 3), 1), ((LONG,), 0)],
-                         ids=["1xL", "3xL", "BLD", "1d"])
+@pytest.mark.parametrize("shape,dim", [((1, LONG), -1), ((3, LONG), -1), ((1, LONG, 3), 1), ((1, 8192, 19), 1),
+                                       ((LONG,), 0)],
+                         ids=["1xL", "3xL", "BLD", "BLD19", "1d"])
 def test_long_sequences_split_across_threads(four_threads, shape, dim, reverse, dtype):
+    """Each chunk's summary multiplies its coefficients, uniform in (0.5, 1): over 1600-16000 steps
+    their product passes through the subnormal floats, which the summary flushes to zero
+    (scan_avx2.h's advance_product; BLD19: 8-channel vectors and a scalar tail)."""
     x, c, gy, h0 = _inputs(shape, dim, dtype, with_initial=True)
     _check(x, c, gy, h0, dim, reverse, dtype)
 
