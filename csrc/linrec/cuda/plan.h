@@ -509,9 +509,10 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
 // zeroed (ScanParams::seg_len): the affine map of a step whose coefficient is 0 forgets the state
 // before it, so the block scan needs no segment flags. Returns g (1: the rows stay as they are):
 // the largest divisor of the rows that keeps the sequence at most kSegmentSteps long and at least
-// one walking tile, 16-byte aligned (no phase shift), and enough of them to walk (walk_min_rows). Only where every operand's
-// rows lie back to back with unit stride, without `initial` (its gradient would need the
-// coefficient before the mask) or a broadcast coefficient's accumulated gradient.
+// one walking tile, 16-byte aligned (no phase shift), and enough of them to walk (walk_min_rows).
+// Only where every operand's rows lie back to back with unit stride, without `initial` (its
+// gradient would need the coefficient before the mask) or a broadcast coefficient's accumulated
+// gradient.
 constexpr int64_t kSegmentSteps = 1024;
 inline ScanParams segment_params(const ScanParams& p, int64_t g, int elem_size);
 
