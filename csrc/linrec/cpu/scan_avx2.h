@@ -172,6 +172,16 @@ struct Walk {
     const __m256i w = _mm256_castps_si256(v);
     return _mm256_castsi256_ps(S > 0 ? _mm256_slli_si256(w, 4 * K) : _mm256_srli_si256(w, 4 * K));
   }
+  // Each step takes the value of the step one earlier (kLater) or one later (!kLater) in walk order
+  // across the whole vector; the step left without one takes `fill` (a scalar).
+  template <bool kLater>
+  LINREC_AVX2 static __m256 shift_step(__m256 v, float fill) {
+    // lane i <- lane i - 1 (walk steps later in higher lanes for S > 0), or i + 1
+    constexpr bool kUp = kLater == (S > 0);
+    const __m256i idx = kUp ? _mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6) : _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7);
+    return _mm256_blend_ps(_mm256_permutevar8x32_ps(v, idx), _mm256_set1_ps(fill), kUp ? 0x01 : 0x80);
+  }
+
   template <int K>
   LINREC_AVX2 static __m256 shift_in_half(__m256 v, __m256 fill) {
     constexpr int mask = S > 0 ? (K == 1 ? 0x11 : 0x33) : (K == 1 ? 0x88 : 0xcc);
@@ -407,9 +417,24 @@ LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, 
   __m256* pp = kProd ? &prod : nullptr;
   int64_t u = t0;
   if (u == 0 && u < t1) {
-    const int m = static_cast<int>(t1 - u < 8 ? t1 - u : 8);
-    walk_backward_partial<S>(c, dy, y, dx, dc, init, L, u, m, h, pp);
-    u += m;
+    if (t1 >= 8 && L >= 8) {
+      // The first 8 steps as one vector (c_{-1} = 0 shifted in; y_{t+1} up to step 8, or y_L = init
+      // shifted in after y_1 .. y_7 for a row of 8): a short row's backward spent ~30 ns per partial
+      // vector (bench/NOTES.md item 77).
+      const __m256 cv = W::template shift_step<true>(c.vec8(0), 0.f), gv = dy.vec8(0);
+      const __m256 yv =
+          kProd ? _mm256_setzero_ps() : (L >= 9 ? y.vec8(1) : W::template shift_step<false>(y.vec8(0), init));
+      const __m256 g = W::step(cv, gv, h, pp);
+      if (!kProd) {
+        store8(dx + W::at(0), g);
+        store8(dc + W::at(0), _mm256_mul_ps(g, yv));
+      }
+      u = 8;
+    } else {
+      const int m = static_cast<int>(t1 - u < 8 ? t1 - u : 8);
+      walk_backward_partial<S>(c, dy, y, dx, dc, init, L, u, m, h, pp);
+      u += m;
+    }
   }
   // Every load of an iteration comes before its stores, and the next iteration's c_{u-1} is loaded
   // before them too: c_{u-1}, y_{u+1} overlap the elements just stored to dx, dc by one step, and
@@ -439,6 +464,17 @@ LINREC_AVX2 void walk_backward(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, 
     if (kProd) continue;
     store8(dx + W::at(u), g);
     store8(dc + W::at(u), _mm256_mul_ps(g, yv));
+  }
+  if (u >= 1 && u + 8 == t1 && t1 == L) {
+    // The last 8 steps as one vector (y_L = init shifted in after y_{u+1} .. y_{L-1}).
+    const __m256 cv = c.vec8(u - 1), gv = dy.vec8(u);
+    const __m256 yv = kProd ? _mm256_setzero_ps() : W::template shift_step<false>(y.vec8(u), init);
+    const __m256 g = W::step(cv, gv, h, pp);
+    if (!kProd) {
+      store8(dx + W::at(u), g);
+      store8(dc + W::at(u), _mm256_mul_ps(g, yv));
+    }
+    u = t1;
   }
   while (u < t1) {
     const int m = static_cast<int>(t1 - u < 8 ? t1 - u : 8);
