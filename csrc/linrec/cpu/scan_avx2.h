@@ -344,6 +344,15 @@ struct WalkIn {
   }
 };
 
+// The steps of `in` (float32) in the lanes of `mask` from the vector of walk steps u .. u+7, `idle`
+// in the others (no memory touched there).
+template <int S, typename T>
+LINREC_AVX2 inline __m256 masked_steps(const WalkIn<S, T>& in, int64_t u, __m256i mask, float idle) {
+  const __m256 v = in.constant ? _mm256_set1_ps(static_cast<float>(*in.p))
+                               : _mm256_maskload_ps(reinterpret_cast<const float*>(in.p) + Walk<S>::at(u), mask);
+  return _mm256_blendv_ps(_mm256_set1_ps(idle), v, _mm256_castsi256_ps(mask));
+}
+
 // Forward over steps [t0, t1) of one sequence: y points at its step 0. kProd: a chunk summary
 // (prod_io), nothing written; a template flag, so that the plain scan's loop tests nothing per
 // vector (with a run-time test the compiler kept the state and the loop counter on the stack).
@@ -366,6 +375,20 @@ LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, 
   for (; u + 8 <= t1; u += 8) {
     const __m256 v = W::step(c.vec8(u), x.vec8(u), h, pp);
     if (!kProd) store8(y + W::at(u), v);
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (u < t1) {
+      // float32's last m < 8 steps by masked loads and stores (lanes of the steps: the low m walking
+      // up, the high m walking down); idle steps are identities (c = 1, x = 0). A row of 17 steps
+      // spent ~25 ns in the buffers below (bench/NOTES.md item 77).
+      const int m = static_cast<int>(t1 - u);
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256i mask = S > 0 ? _mm256_cmpgt_epi32(_mm256_set1_epi32(m), lane)
+                                 : _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(7 - m));
+      const __m256 v = W::step(masked_steps(c, u, mask, 1.f), masked_steps(x, u, mask, 0.f), h, pp);
+      if (!kProd) _mm256_maskstore_ps(reinterpret_cast<float*>(y) + W::at(u), mask, v);
+      u = t1;
+    }
   }
   if (u < t1) {  // the last m < 8 steps through buffers; idle steps are identities (c = 1, x = 0)
     const int m = static_cast<int>(t1 - u);
