@@ -344,6 +344,13 @@ struct WalkIn {
   }
 };
 
+// The lanes of walk steps 0 .. k-1 of a vector (all bits set), for 0 <= k <= 8.
+template <int S>
+LINREC_AVX2 inline __m256i step_lanes(int k) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return S > 0 ? _mm256_cmpgt_epi32(_mm256_set1_epi32(k), lane) : _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(7 - k));
+}
+
 // The steps of `in` (float32) in the lanes of `mask` from the vector of walk steps u .. u+7, `idle`
 // in the others (no memory touched there).
 template <int S, typename T>
@@ -381,10 +388,7 @@ LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, 
       // float32's last m < 8 steps by masked loads and stores (lanes of the steps: the low m walking
       // up, the high m walking down); idle steps are identities (c = 1, x = 0). A row of 17 steps
       // spent ~25 ns in the buffers below (bench/NOTES.md item 77).
-      const int m = static_cast<int>(t1 - u);
-      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      const __m256i mask = S > 0 ? _mm256_cmpgt_epi32(_mm256_set1_epi32(m), lane)
-                                 : _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(7 - m));
+      const __m256i mask = step_lanes<S>(static_cast<int>(t1 - u));
       const __m256 v = W::step(masked_steps(c, u, mask, 1.f), masked_steps(x, u, mask, 0.f), h, pp);
       if (!kProd) _mm256_maskstore_ps(reinterpret_cast<float*>(y) + W::at(u), mask, v);
       u = t1;
@@ -406,12 +410,31 @@ LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, 
   if (kProd) *prod_io = _mm256_cvtss_f32(prod);
 }
 
-// Up to 8 backward steps from u through buffers (the first step, whose c_{-1} = 0, and the last,
-// whose y_L = init, go this way); idle steps are identities.
+// Up to 8 backward steps from u through buffers, float32 by masked accesses (the first step, whose
+// c_{-1} = 0, and the last, whose y_L = init, go this way); idle steps are identities.
 template <int S, typename T>
 LINREC_AVX2 void walk_backward_partial(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S, T> y, T* dx, T* dc, float init,
                                        int64_t L, int64_t u, int m, __m256& h, __m256* prod) {
   using W = Walk<S>;
+  if constexpr (std::is_same_v<T, float>) {
+    // float32 by masked loads and stores (as walk_forward's last steps): c_{t-1} from the vector one
+    // step earlier (none before step 0), y_{t+1} from the one a step later while t + 1 < L, then
+    // init.
+    const __m256i mm = step_lanes<S>(m), first = step_lanes<S>(1);
+    const __m256i c_lanes = u > 0 ? mm : _mm256_andnot_si256(first, mm);
+    __m256 cv = masked_steps(c, u - 1, c_lanes, 1.f);
+    if (u == 0) cv = _mm256_blendv_ps(cv, _mm256_setzero_ps(), _mm256_castsi256_ps(first));
+    const __m256 g = W::step(cv, masked_steps(dy, u, mm, 0.f), h, prod);
+    if (prod) return;
+    const int with_next = static_cast<int>(L - 1 - u < m ? L - 1 - u : m);  // steps whose t + 1 < L
+    __m256 yv = masked_steps(y, u + 1, step_lanes<S>(with_next), 0.f);
+    if (with_next < m)
+      yv = _mm256_blendv_ps(yv, _mm256_set1_ps(init),
+                            _mm256_castsi256_ps(_mm256_andnot_si256(step_lanes<S>(with_next), mm)));
+    _mm256_maskstore_ps(reinterpret_cast<float*>(dx) + W::at(u), mm, g);
+    _mm256_maskstore_ps(reinterpret_cast<float*>(dc) + W::at(u), mm, _mm256_mul_ps(g, yv));
+    return;
+  }
   alignas(32) float cb[8], gb[8], yb[8];
   for (int i = 0; i < 8; ++i) cb[i] = 1.f, gb[i] = 0.f, yb[i] = 0.f;
   for (int i = 0; i < m; ++i) {
