@@ -31,6 +31,7 @@
 #include "../../common/errors.h"
 #include "../ops.h"
 #include "scan_avx2.h"
+#include "scan_avx2_pairs.h"
 #include "scan_avx2_rows.h"
 
 namespace linrec {
