@@ -522,15 +522,12 @@ inline int64_t segment_rows(const ScanParams& p, int elem_size, const DeviceInfo
       p.len >= tile_config(elem_size, def.tile_walk).tile() || p.ptr[kInit] || p.accumulate_grad_coeff ||
       is_channel_layout(p))
     return 1;
-  for (int s = 0; s < kNumSlots; ++s) {
-    if (is_batch_slot(s) || !p.ptr[s]) continue;
-    if (p.lstride[s] != p.lstride[kIn] || !unit_stride(p, s) || p.bstride[s][0] != p.len) return 1;
-  }
   // Every group starts where its first row's lowest step is: 16-byte aligned there and a multiple of
   // a vector long, it is aligned (vectorizable); the check is a loop of integer tests (host time).
   const int64_t vec = 16 / elem_size;
   for (int s = 0; s < kNumSlots; ++s) {
     if (is_batch_slot(s) || !p.ptr[s]) continue;
+    if (p.lstride[s] != p.lstride[kIn] || !unit_stride(p, s) || p.bstride[s][0] != p.len) return 1;
     const char* lowest = static_cast<const char*>(p.ptr[s]) + (p.lstride[s] > 0 ? 0 : (1 - p.len) * elem_size);
     if (reinterpret_cast<uintptr_t>(lowest) % 16 != 0) return 1;
   }
