@@ -84,13 +84,14 @@ PyObject* scan_layout_class(PyObject*, PyObject* args) {
   return PyUnicode_FromString(linrec::scan_layout_class(sizes, strides, dim, bcast != 0).c_str());
 }
 
-// _C.scan_tuned_config(device, key, length) -> str or None: what config "auto" runs (tuned.h).
+// _C.scan_tuned_config(device, key, length, reverse) -> str or None: what config "auto" runs (tuned.h).
 PyObject* scan_tuned_config(PyObject*, PyObject* args) {
   int device;
   const char* key;
   long long length;
-  if (!PyArg_ParseTuple(args, "isL", &device, &key, &length)) return nullptr;
-  const auto name = linrec::tuned_config(device, key, length);
+  int reverse;
+  if (!PyArg_ParseTuple(args, "isLp", &device, &key, &length, &reverse)) return nullptr;
+  const auto name = linrec::tuned_config(device, key, length, reverse != 0);
   if (!name) Py_RETURN_NONE;
   return PyUnicode_FromString(name->c_str());
 }
@@ -140,7 +141,7 @@ PyMethodDef methods[] = {
     {"scan_cuda_configs", scan_cuda_configs, METH_O, "Names of the compiled CUDA scan configs for an element size."},
     {"scan_bucket_key", scan_bucket_key, METH_VARARGS, "The tuned cache's key of a scan problem."},
     {"scan_layout_class", scan_layout_class, METH_VARARGS, "The layout class of a scan problem."},
-    {"scan_tuned_config", scan_tuned_config, METH_VARARGS, "The config \"auto\" runs for a bucket key and length."},
+    {"scan_tuned_config", scan_tuned_config, METH_VARARGS, "The config \"auto\" runs for a bucket key, length and direction."},
     {"set_scan_tuned", set_scan_tuned, METH_VARARGS, "Sets the tuned configs that config 'auto' reads on a device."},
     {"clear_scan_tuned", clear_scan_tuned, METH_NOARGS, "Forgets every device's tuned configs."},
     {"host_pool_stats", host_pool_stats, METH_NOARGS, "Counts of the host pool of the CPU backward's outputs."},

@@ -481,9 +481,37 @@ def test_tuned_triton_choice_needs_a_length_multiple_of_16(length, expect):
     key = bucket_key("scan", "fwd", x.dtype, layout_class(x, c, 1), length, 2)
     try:
         torch_linrec._library._C.set_scan_tuned(-1, {key: "triton.t1024"})
-        assert torch_linrec._library._C.scan_tuned_config(-1, key, length) == expect
+        assert torch_linrec._library._C.scan_tuned_config(-1, key, length, False) == expect
         torch_linrec._library._C.set_scan_tuned(-1, {key: "cpu.g16"})
-        assert torch_linrec._library._C.scan_tuned_config(-1, key, length) == "cpu.g16"
+        assert torch_linrec._library._C.scan_tuned_config(-1, key, length, False) == "cpu.g16"
+    finally:
+        dispatch.clear_memo()
+
+
+def test_tuned_triton_choice_skips_reverse_calls(monkeypatch):
+    """A tuned Triton choice applies to reverse=False calls only, in either pass (the tuner times
+    those; Triton's speed depends on the walk's direction); native choices apply to both. Checked in
+    the op: a reverse call's result matches the default's bit for bit, without a Triton launch (on
+    the CPU without the interpreter, taking the entry would raise)."""
+    x, c, h0 = _inputs((2, 48), -1, "cpu")
+    key = bucket_key("scan", "fwd", x.dtype, layout_class(x, c, 1), 48, 2)
+    spy = _LaunchSpy(monkeypatch) if HAS_TRITON else None
+    try:
+        _set_cpu_table(x, c, 1, "triton.t1024", "triton.t1024")
+        for direction in ("fwd", "bwd"):
+            k = key.replace("/fwd/", f"/{direction}/")
+            assert torch_linrec._library._C.scan_tuned_config(-1, k, 48, False) == "triton.t1024"
+            assert torch_linrec._library._C.scan_tuned_config(-1, k, 48, True) is None
+        leaves = [t.clone().requires_grad_() for t in (x, c, h0)]
+        y = torch.ops.linrec.scan(*leaves, -1, True, "auto", "auto")
+        grads = torch.autograd.grad(y, leaves, torch.ones_like(y))
+        plain = [t.clone().requires_grad_() for t in (x, c, h0)]
+        y0 = torch.ops.linrec.scan(*plain, -1, True)
+        expect = torch.autograd.grad(y0, plain, torch.ones_like(y0))
+        assert torch.equal(y, y0) and all(torch.equal(a, b) for a, b in zip(grads, expect))
+        assert spy is None or spy.fwd == spy.bwd == []
+        torch_linrec._library._C.set_scan_tuned(-1, {key: "cpu.g16"})
+        assert torch_linrec._library._C.scan_tuned_config(-1, key, 48, True) == "cpu.g16"
     finally:
         dispatch.clear_memo()
 

@@ -150,17 +150,19 @@ def _ensure_tuned(index: int) -> bool:
     return True
 
 
-def tuned_configs(x: torch.Tensor, coeffs: torch.Tensor, dim: int) -> tuple[str | None, str | None]:
+def tuned_configs(x: torch.Tensor, coeffs: torch.Tensor, dim: int,
+                  reverse: bool = False) -> tuple[str | None, str | None]:
     """The ``(forward, backward)`` config names that config ``"auto"`` runs for this call (None: the
-    default), as the ops resolve it (for reports and tests; a call does not need it)."""
+    default), as the ops resolve it (for reports and tests; a call does not need it). A tuned Triton
+    choice applies to ``reverse=False`` calls only (csrc/linrec/tuned.h)."""
     if x.device.type != "cuda" or not HAS_CUDA_KERNELS:
         return None, None
     _ensure_tuned(x.device.index)
     length = x.shape[dim]
     rows = x.numel() // length if length else 0
     layout = layout_class(x, coeffs, dim)
-    return tuple(_C.scan_tuned_config(x.device.index, bucket_key("scan", d, x.dtype, layout, length, rows), length)
-                 for d in ("fwd", "bwd"))
+    return tuple(_C.scan_tuned_config(x.device.index, bucket_key("scan", d, x.dtype, layout, length, rows), length,
+                                      reverse) for d in ("fwd", "bwd"))
 
 
 def choose(x: torch.Tensor, coeffs: torch.Tensor, dim: int, backend: str | None = None, config: str | None = None,

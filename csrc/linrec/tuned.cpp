@@ -67,7 +67,7 @@ void clear_tuned_configs() {
   tables().clear();
 }
 
-std::optional<std::string> tuned_config(int device, const std::string& key, int64_t length) {
+std::optional<std::string> tuned_config(int device, const std::string& key, int64_t length, bool reverse) {
   std::shared_ptr<const Table> table;
   {
     const std::lock_guard<std::mutex> lock(tables_mutex());
@@ -77,7 +77,7 @@ std::optional<std::string> tuned_config(int device, const std::string& key, int6
   }
   const auto hit = table->find(key);
   if (hit == table->end()) return std::nullopt;
-  if (is_triton_config(hit->second) && length % kTritonLengthMultiple != 0) return std::nullopt;
+  if (is_triton_config(hit->second) && (reverse || length % kTritonLengthMultiple != 0)) return std::nullopt;
   return hit->second;
 }
 

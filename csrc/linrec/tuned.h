@@ -41,8 +41,12 @@ void clear_tuned_configs();
 // 0.67; bench/NOTES.md item 28).
 constexpr int64_t kTritonLengthMultiple = 16;
 
-// The config for `key` on `device` for a call of this scan length, or nullopt (no table, no
-// entry, or an entry that does not apply at this length).
-std::optional<std::string> tuned_config(int device, const std::string& key, int64_t length);
+// The config for `key` on `device` for a call of this scan length and direction, or nullopt (no
+// table, no entry, or an entry that does not apply to the call). A Triton choice applies to
+// reverse=False calls only: the tuner times those, and Triton's speed depends on the walk's
+// direction (tl.associative_scan with reverse=True; H200 131072 x 1024 float32, reverse=True:
+// triton.t2048 0.75 of torch.add forward against 0.99 native, bench/NOTES.md item 78), where the
+// native kernels address either direction alike.
+std::optional<std::string> tuned_config(int device, const std::string& key, int64_t length, bool reverse);
 
 }  // namespace linrec

@@ -39,7 +39,7 @@ class Impl:
             ``x``, ``coeffs`` and ``initial``.
         slow: a python loop: timed only on tiny cases, else reported n/a.
         timed: False for an interpreter (Triton under ``TRITON_INTERPRET=1``): checked, never timed.
-        describe: ``describe(x, coeffs, dim) -> str``: the backend and configs the call runs with
+        describe: ``describe(x, coeffs, dim, reverse) -> str``: the backend and configs the call runs with
             (the table's ``config`` column), or None.
     """
 
@@ -79,20 +79,20 @@ def _auto(x, coeffs, initial=None, dim=-1, reverse=False):
     return _scan(x, coeffs, initial, dim, reverse, backend="auto")
 
 
-def describe_auto(x: torch.Tensor, coeffs: torch.Tensor, dim: int) -> str:
+def describe_auto(x: torch.Tensor, coeffs: torch.Tensor, dim: int, reverse: bool) -> str:
     """``"<fwd backend>:<config> / <bwd backend>:<config>"`` that ``backend="auto"`` runs on this call."""
     def name(cfg):
         if cfg is None:
             return "native:default"
         return cfg if cfg.startswith(("triton", "native")) else f"native:{cfg}"
-    fwd, bwd = tuned_configs(x, coeffs, dim % x.dim())
+    fwd, bwd = tuned_configs(x, coeffs, dim % x.dim(), reverse)
     return f"{name(fwd)} / {name(bwd)}"
 
 
 def _backend_impls(device: torch.device) -> list[Impl]:
     table = {
-        "native": Impl("native", _native, describe=lambda x, c, d: "native (defaults)"),
-        "triton": Impl("triton", _triton, timed=device.type == "cuda", describe=lambda x, c, d: "triton (defaults)"),
+        "native": Impl("native", _native, describe=lambda x, c, d, r: "native (defaults)"),
+        "triton": Impl("triton", _triton, timed=device.type == "cuda", describe=lambda x, c, d, r: "triton (defaults)"),
         "reference": Impl("reference", _reference, slow=True),
     }
     impls = [table[name] for name in available_backends(device) if name in table]

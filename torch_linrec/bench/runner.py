@@ -148,7 +148,7 @@ def _bench_impl(impl: Impl, row: Row, inputs, ref: SliceReference, timer: Timer,
         return (y, *torch.autograd.grad(y, (xg, cg), gy))
 
     if impl.describe is not None:
-        row.config = impl.describe(x, c, dim)
+        row.config = impl.describe(x, c, dim, reverse)
     outs, peak = measure_peak(fwd_bwd, device)
     tensor_bytes = x.numel() * x.element_size()
     if peak is not None:
