@@ -486,11 +486,12 @@ def _contiguous_rows(rows: int, length: int, dtype: torch.dtype, seed: int):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reverse", REVERSE)
 def test_segmented_rows_default(reverse, dtype):
-    """Many rows shorter than the walking tile, which the default plan groups into sequences of
+    """Many rows of at most one walking tile, which the default plan groups into sequences of
     several rows with segments (plan.h's segment_rows; test_plan_host checks that these shapes are
-    grouped: 8 rows of 128 steps, 24 of 37, 1024 of 1, float32's 4 of 255, 5 of 128): every output,
-    grad_initial of each row included; with `initial` and a sliced view the rows are not grouped."""
-    cases = [(8448, 128), (48000, 37), (1081344, 1), (4224, 255), (8000, 128)]
+    grouped: 8 rows of 128 steps, 40 of 37 (3 tiles, the last partial), 1024 of 1, float32's 4 of
+    255, 4 of 128, 8 of 300 (5 tiles), 2-4 of 512): every output, grad_initial of each row included;
+    with `initial` and a sliced view the rows are not grouped."""
+    cases = [(8448, 128), (48000, 37), (1081344, 1), (4224, 255), (8000, 128), (131072, 300), (32768, 512)]
     for i, (rows, length) in enumerate(cases):
         x, c = _contiguous_rows(rows, length, dtype, seed=31 + i)
         check_against_cpu_kernel(x, c, None, -1, reverse, dtype, "native", "native")

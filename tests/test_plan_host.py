@@ -550,29 +550,35 @@ int main() {
   show(2, false, false, 4224, 255);      // 2-byte: 2040 / 1530 bytes, off the grid: not grouped
   show(4, false, false, 8448, 128, true);  // initial
   show(4, false, false, 8448, 128, false, 1);  // rows off the 16-byte grid
-  show(4, false, false, 8000, 128);      // 1000 groups of 8: fewer than 8 per SM; 1600 of 5
+  show(4, false, false, 8000, 128);      // 1000 groups of 8: fewer than 8 per SM; 2000 of 4 fill their tile, 1600 of 5 not
   show(4, false, false, 4000, 128);      // 500 of 8, 800 of 5, 1000 of 4: too few
-  show(4, false, false, 131072, 512);    // a whole walking tile
-  show(4, false, false, 131072, 300);    // 3 rows do not divide 2^17: 2
+  show(4, false, false, 131072, 512);    // a whole walking tile: 2 (float32 forward: 1024 steps)
+  show(4, true, false, 131072, 512);     // the backward: 4 (2048 steps)
+  show(2, false, false, 131072, 512);    // 2-byte: 4
+  show(4, false, false, 131072, 513);    // longer than the walking tile
+  show(4, false, false, 131072, 300);    // 8 rows: 2400 steps fill 5 tiles to 94% (4: 78%, 2: 59%)
 }
 """
 
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 def test_segmented_rows_default(tmp_path):
-    """Many rows shorter than the walking tile (512 steps) run as sequences of g rows back to back,
-    g the largest divisor of the rows with at most 1024 steps per sequence, at least one walking tile,
-    16-byte aligned and 8 per SM (plan.h's segment_rows), walked by the walking tile with segments;
-    a reverse walk starts at each group's last step; the backward writes grad_initial from the row
-    of the sequence's last step in walk order (the last row forward, the first reversed). Not with
-    `initial`, rows off the 16-byte grid, too few groups, or rows of a whole walking tile."""
+    """Many rows of at most one walking tile (512 steps) run as sequences of g rows back to back
+    (plan.h's segment_rows): among the divisors of the rows with at least one walking tile and at
+    most 4096 steps per sequence, 16-byte aligned and 8 per SM, the one that fills its tiles best,
+    then the one nearest 2048 steps (the float32 forward: 1024); walked by the walking tile with
+    segments; a reverse walk starts at each group's last step; the backward writes grad_initial
+    from the row of the sequence's last step in walk order (the last row forward, the first
+    reversed). Not with `initial`, rows off the 16-byte grid, too few groups, or rows longer than
+    a walking tile."""
     got = [line.split() for line in _run_program(tmp_path, "segments", _SEGMENTS_PROGRAM)]
     walk = {4: "tile.e8t64", 2: "tile.e16t32"}
     expect = []
     for elem in (4, 2):
         for bwd in (0, 1):
             for rev in (0, 1):
-                for rows, length, g in ((8448, 128, 8), (48000, 37, 24), (1081344, 1, 1024)):
+                # 48000 x 37: 40 rows fill 3 tiles to 96% (16-32 rows: 58-87%)
+                for rows, length, g in ((8448, 128, 8), (48000, 37, 40), (1081344, 1, 1024)):
                     steps = g * length
                     ptr = (g - 1) * length if rev else 0
                     grad_init = ((0 if rev else g - 1) * 1000 + (1 if rev else -1)) if bwd else 0
@@ -581,7 +587,12 @@ def test_segmented_rows_default(tmp_path):
     expect.append(["4", "0", "0", "4224", "255", "4", "1020", "1056", "255", "0", "0", "tile.e8t64", "1", "2", "1"])
     expect += [["2", "0", "0", "4224", "255", "1"], ["4", "0", "0", "8448", "128", "1"],
                ["4", "0", "0", "8448", "128", "1"]]
-    expect.append(["4", "0", "0", "8000", "128", "5", "640", "1600", "128", "0", "0", "tile.e8t64", "1", "2", "1"])
-    expect += [["4", "0", "0", "4000", "128", "1"], ["4", "0", "0", "131072", "512", "1"]]
-    expect.append(["4", "0", "0", "131072", "300", "2", "600", "65536", "300", "0", "0", "tile.e8t64", "1", "2", "1"])
+    expect.append(["4", "0", "0", "8000", "128", "4", "512", "2000", "128", "0", "0", "tile.e8t64", "1", "1", "1"])
+    expect.append(["4", "0", "0", "4000", "128", "1"])
+    expect.append(["4", "0", "0", "131072", "512", "2", "1024", "65536", "512", "0", "0", "tile.e8t64", "1", "2", "1"])
+    expect.append(["4", "1", "0", "131072", "512", "4", "2048", "32768", "512", "0", "2999", "tile.e8t64", "1", "4",
+                   "1"])
+    expect.append(["2", "0", "0", "131072", "512", "4", "2048", "32768", "512", "0", "0", "tile.e16t32", "1", "4", "1"])
+    expect.append(["4", "0", "0", "131072", "513", "1"])
+    expect.append(["4", "0", "0", "131072", "300", "8", "2400", "16384", "300", "0", "0", "tile.e8t64", "1", "5", "1"])
     assert got == expect

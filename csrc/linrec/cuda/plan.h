@@ -507,20 +507,25 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
 // / H100, bf16 backward 0.17 / 0.22; bench/NOTES.md items 76-77). Instead `g` rows back to back make
 // one sequence of g x len steps, scanned by the walking tile with the coefficient at each row start
 // zeroed (ScanParams::seg_len): the affine map of a step whose coefficient is 0 forgets the state
-// before it, so the block scan needs no segment flags. Returns g (1: the rows stay as they are):
-// the largest divisor of the rows that keeps the sequence at most kSegmentSteps long and at least
-// one walking tile, 16-byte aligned (no phase shift), and enough of them to walk (walk_min_rows).
-// Only where every operand's rows lie back to back with unit stride, without `initial` (its
-// gradient would need the coefficient before the mask) or a broadcast coefficient's accumulated
-// gradient.
-constexpr int64_t kSegmentSteps = 1024;
+// before it, so the block scan needs no segment flags. Rows of at most one walking tile; returns g
+// (1: the rows stay as they are): among the divisors of the rows that keep the sequence at least
+// one walking tile and at most kSegmentMaxSteps, 16-byte aligned, leaving 8 sequences per SM, the
+// one whose sequences fill their tiles best, then the one nearest segment_target_steps; if its
+// sequences walk (walk_min_rows, no phase shift). Only where every operand's rows lie back to back
+// with unit stride, without `initial` (its gradient would need the coefficient before the mask) or
+// a broadcast coefficient's accumulated gradient.
+constexpr int64_t kSegmentMaxSteps = 4096;
+// Sequences of 2048 steps: 1024 lost 0.02-0.2 of torch.add on 2-byte rows and in the backward, 4096
+// 0.01-0.05; the float32 forward's of 1024 (2048 lost ~0.02 on rows of 16-256 steps; H200, item 78).
+constexpr int64_t segment_target_steps(int elem_size, bool backward) {
+  return elem_size == 4 && !backward ? 1024 : 2048;
+}
 inline ScanParams segment_params(const ScanParams& p, int64_t g, int elem_size);
 
 inline int64_t segment_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
   const ScanDefaults def = device_defaults(dev, elem_size, p.backward, 1);
-  if (def.tile_walk < 0 || p.nbatch != 1 || p.len < 1 || p.len * 2 > kSegmentSteps ||
-      p.len >= tile_config(elem_size, def.tile_walk).tile() || p.ptr[kInit] || p.accumulate_grad_coeff ||
-      is_channel_layout(p))
+  if (def.tile_walk < 0 || p.nbatch != 1 || p.len < 1 || p.len > tile_config(elem_size, def.tile_walk).tile() ||
+      p.ptr[kInit] || p.accumulate_grad_coeff || is_channel_layout(p))
     return 1;
   // Every group starts where its first row's lowest step is: 16-byte aligned there and a multiple of
   // a vector long, it is aligned (vectorizable); the check is a loop of integer tests (host time).
@@ -532,15 +537,24 @@ inline int64_t segment_rows(const ScanParams& p, int elem_size, const DeviceInfo
     if (reinterpret_cast<uintptr_t>(lowest) % 16 != 0) return 1;
   }
   const int64_t walk_tile = tile_config(elem_size, def.tile_walk).tile();
-  const int64_t min_groups = 8 * int64_t(dev.num_sms);  // walk_min_rows of sequences of <= 2048 steps
-  for (int64_t g = std::min(kSegmentSteps / p.len, p.num_seq / min_groups); g >= 2 && g * p.len >= walk_tile; --g) {
+  const int64_t target = segment_target_steps(elem_size, p.backward);
+  const int64_t min_groups = 8 * int64_t(dev.num_sms);  // walk_min_rows' most
+  int64_t best = 1, best_steps = 0, best_padded = 1;
+  double best_dist = 0;
+  for (int64_t g = std::min(kSegmentMaxSteps / p.len, p.num_seq / min_groups); g >= 2 && g * p.len >= walk_tile; --g) {
     if (p.num_seq % g != 0 || (g * p.len) % vec != 0) continue;
-    const ScanParams q = segment_params(p, g, elem_size);  // the plan's own checks, once
-    const bool walks = q.num_seq >= walk_min_rows(q, elem_size, dev) && !tile_phase_shift(q, elem_size) &&
-                       vector_slots(q, elem_size) == vector_slots(q, elem_size, /*aligned=*/false);
-    return walks ? g : 1;
+    const int64_t steps = g * p.len, padded = ceil_div(steps, walk_tile) * walk_tile;
+    const double dist = std::max(double(steps) / target, double(target) / steps);  // a ratio: 1 is the target
+    const int64_t fill = steps * best_padded, best_fill = best_steps * padded;  // fills, cross-multiplied
+    if (fill > best_fill || (fill == best_fill && dist < best_dist)) {
+      best = g, best_steps = steps, best_padded = padded, best_dist = dist;
+    }
   }
-  return 1;
+  if (best == 1) return 1;
+  const ScanParams q = segment_params(p, best, elem_size);  // the plan's own checks, once
+  const bool walks = q.num_seq >= walk_min_rows(q, elem_size, dev) && !tile_phase_shift(q, elem_size) &&
+                     vector_slots(q, elem_size) == vector_slots(q, elem_size, /*aligned=*/false);
+  return walks ? best : 1;
 }
 
 // `p` with each `g` consecutive rows made one sequence (segment_rows checked that they lie back to
