@@ -84,14 +84,15 @@ PyObject* scan_layout_class(PyObject*, PyObject* args) {
   return PyUnicode_FromString(linrec::scan_layout_class(sizes, strides, dim, bcast != 0).c_str());
 }
 
-// _C.scan_tuned_config(device, key, length, reverse) -> str or None: what config "auto" runs (tuned.h).
+// _C.scan_tuned_config(device, key, length, reverse, initial=False) -> str or None: what config
+// "auto" runs (tuned.h).
 PyObject* scan_tuned_config(PyObject*, PyObject* args) {
   int device;
   const char* key;
   long long length;
-  int reverse;
-  if (!PyArg_ParseTuple(args, "isLp", &device, &key, &length, &reverse)) return nullptr;
-  const auto name = linrec::tuned_config(device, key, length, reverse != 0);
+  int reverse, initial = 0;
+  if (!PyArg_ParseTuple(args, "isLp|p", &device, &key, &length, &reverse, &initial)) return nullptr;
+  const auto name = linrec::tuned_config(device, key, length, reverse != 0, initial != 0);
   if (!name) Py_RETURN_NONE;
   return PyUnicode_FromString(name->c_str());
 }

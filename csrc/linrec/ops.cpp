@@ -121,7 +121,7 @@ const char* dtype_name(at::ScalarType t) {
 // (the default) without an entry or where it does not apply at this length and direction. `ref` is x (forward)
 // or y (backward).
 std::optional<std::string> resolve_auto(bool backward, const Tensor& ref, const Tensor& coeffs, int64_t d,
-                                        bool reverse) {
+                                        bool reverse, bool initial) {
   if (!ref.is_cuda() && !ref.is_cpu()) return std::nullopt;
   const int64_t length = ref.size(d);
   const int64_t rows = length > 0 ? ref.numel() / length : 0;
@@ -129,7 +129,7 @@ std::optional<std::string> resolve_auto(bool backward, const Tensor& ref, const 
       scan_layout_class(ref.sizes().vec(), ref.strides().vec(), d, coeffs.sizes() != ref.sizes());
   auto name = tuned_config(ref.is_cuda() ? ref.get_device() : kCpuTable,
                            bucket_key("scan", backward ? "bwd" : "fwd", dtype_name(ref.scalar_type()), layout, length, rows),
-                           length, reverse);
+                           length, reverse, initial);
   if (!name) return std::nullopt;
   return std::string(kPreferPrefix) + *name;
 }
@@ -205,7 +205,7 @@ Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tens
                  bool reverse, const OptConfig& config, ScanLauncher launch) {
   const int64_t d = check_scan_inputs("linrec.scan", x, coeffs, initial, dim);
   if (is_auto(config)) {
-    const auto resolved = resolve_auto(false, x, coeffs, d, reverse);
+    const auto resolved = resolve_auto(false, x, coeffs, d, reverse, initial.has_value());
     const OptConfig cfg = resolved ? OptConfig(*resolved) : std::nullopt;
     if (is_triton_config(cfg)) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -241,7 +241,7 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, cons
                     "linrec.scan_backward: grad_y must have the dtype and device of y (", dt(y.scalar_type()), ", ",
                     dev(y.device()), "), got ", dt(grad_y.scalar_type()), ", ", dev(grad_y.device()));
   if (is_auto(config)) {
-    const auto resolved = resolve_auto(true, y, coeffs, d, reverse);
+    const auto resolved = resolve_auto(true, y, coeffs, d, reverse, initial.has_value());
     const OptConfig cfg = resolved ? OptConfig(*resolved) : std::nullopt;
     if (is_triton_config(cfg)) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;

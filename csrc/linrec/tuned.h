@@ -41,12 +41,20 @@ void clear_tuned_configs();
 // 0.67; bench/NOTES.md item 28).
 constexpr int64_t kTritonLengthMultiple = 16;
 
-// The config for `key` on `device` for a call of this scan length and direction, or nullopt (no
-// table, no entry, or an entry that does not apply to the call). A Triton choice applies to
-// reverse=False calls only: the tuner times those, and Triton's speed depends on the walk's
-// direction (tl.associative_scan with reverse=True; H200 131072 x 1024 float32, reverse=True:
-// triton.t2048 0.75 of torch.add forward against 0.99 native, bench/NOTES.md item 78), where the
-// native kernels address either direction alike.
-std::optional<std::string> tuned_config(int device, const std::string& key, int64_t length, bool reverse);
+// A CUDA device's tuned Triton choice does not apply to innermost rows of at most this many steps
+// without `initial`: the native default runs them as sequences of several rows (cuda/plan.h
+// segment_rows; a tuned native choice yields to that in the launcher), ahead of the picks the tuner
+// made on the longer rows of their buckets (H200 forward: float32 131072 x 512 0.99 of torch.add
+// against triton.t2048's 0.92, bf16 262144 x 384 0.94 against triton.t1024's 0.77; item 78).
+constexpr int64_t kSegmentedRowMax = 512;
+
+// The config for `key` on `device` (-1: the CPU's table) for a call of this scan length and
+// direction, with or without `initial`, or nullopt (no table, no entry, or an entry that does not
+// apply to the call). A Triton choice applies to reverse=False calls only: the tuner times those,
+// and Triton's speed depends on the walk's direction (tl.associative_scan with reverse=True; H200
+// 131072 x 1024 float32, reverse=True: triton.t2048 0.75 of torch.add forward against 0.99 native,
+// bench/NOTES.md item 78), where the native kernels address either direction alike.
+std::optional<std::string> tuned_config(int device, const std::string& key, int64_t length, bool reverse,
+                                        bool initial = false);
 
 }  // namespace linrec
