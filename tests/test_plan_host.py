@@ -512,7 +512,7 @@ _SEGMENTS_PROGRAM = r"""
 using namespace linrec;
 // Contiguous rows (the layout of (rows, len) tensors): reversed walks point at each row's last step.
 static void show(int elem_size, bool backward, bool reverse, long long rows, long long len, bool initial = false,
-                 long long misalign = 0) {
+                 long long misalign = 0, float dram_gbps_per_sm = 25.4f) {
   ScanParams p{};
   p.len = len; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows; p.backward = backward;
   alignas(16) static char buf[64];
@@ -525,7 +525,7 @@ static void show(int elem_size, bool backward, bool reverse, long long rows, lon
     for (int s : {kGradIn, kGradCoeff}) p.ptr[s] = buf + 16 + (reverse ? (len - 1) * elem_size : 0);
   if (backward) p.ptr[kGradInit] = buf;
   if (initial) p.ptr[kInit] = buf;
-  const DeviceInfo dev{132, 9, 232448, 25.4f};
+  const DeviceInfo dev{132, 9, 232448, dram_gbps_per_sm};
   const long long g = segment_rows(p, elem_size, dev);
   if (g == 1) { std::printf("%d %d %d %lld %lld 1\n", elem_size, backward, reverse, rows, len); return; }
   const ScanParams q = segment_params(p, g, elem_size);
@@ -536,7 +536,7 @@ static void show(int elem_size, bool backward, bool reverse, long long rows, lon
               backward ? (long long)((char*)q.ptr[kGradInit] - (char*)p.ptr[kGradInit]) / elem_size * 1000 +
                              q.seg_grad_init_step : 0,
               config_name(plan.kind, elem_size, plan.config), (long long)plan.num_chunks,
-              (long long)plan.per_chunk, plan.segments ? 1 : 0);
+              (long long)plan.per_chunk, plan.segments);
 }
 int main() {
   for (int elem : {4, 2})
@@ -557,6 +557,9 @@ int main() {
   show(2, false, false, 131072, 512);    // 2-byte: 4
   show(4, false, false, 131072, 513);    // longer than the walking tile
   show(4, false, false, 131072, 300);    // 8 rows: 2400 steps fill 5 tiles to 94% (4: 78%, 2: 59%)
+  show(2, true, false, 131072, 1024, false, 0, 36.4f);  // two walking tiles, 2-byte backward, fast DRAM: pairs
+  show(2, true, false, 131072, 1024);    // not on slower DRAM
+  show(2, false, false, 131072, 1024, false, 0, 36.4f);  // nor in the forward
 }
 """
 
@@ -569,8 +572,10 @@ def test_segmented_rows_default(tmp_path):
     then the one nearest 2048 steps (the float32 forward: 1024); walked by the walking tile with
     segments; a reverse walk starts at each group's last step; the backward writes grad_initial
     from the row of the sequence's last step in walk order (the last row forward, the first
-    reversed). Not with `initial`, rows off the 16-byte grid, too few groups, or rows longer than
-    a walking tile."""
+    reversed); rows of whole walking tiles take the kernel that masks at tile edges only. The
+    2-byte backward also pairs rows of two walking tiles where DRAM gives each SM more than 30 GB/s.
+    Not with `initial`, rows off the 16-byte grid, too few groups, or other rows longer than a
+    walking tile."""
     got = [line.split() for line in _run_program(tmp_path, "segments", _SEGMENTS_PROGRAM)]
     walk = {4: "tile.e8t64", 2: "tile.e16t32"}
     expect = []
@@ -589,10 +594,14 @@ def test_segmented_rows_default(tmp_path):
                ["4", "0", "0", "8448", "128", "1"]]
     expect.append(["4", "0", "0", "8000", "128", "4", "512", "2000", "128", "0", "0", "tile.e8t64", "1", "1", "1"])
     expect.append(["4", "0", "0", "4000", "128", "1"])
-    expect.append(["4", "0", "0", "131072", "512", "2", "1024", "65536", "512", "0", "0", "tile.e8t64", "1", "2", "1"])
+    # rows of whole walking tiles: the masks at tile edges only (kTileSegments = 2)
+    expect.append(["4", "0", "0", "131072", "512", "2", "1024", "65536", "512", "0", "0", "tile.e8t64", "1", "2", "2"])
     expect.append(["4", "1", "0", "131072", "512", "4", "2048", "32768", "512", "0", "2999", "tile.e8t64", "1", "4",
-                   "1"])
-    expect.append(["2", "0", "0", "131072", "512", "4", "2048", "32768", "512", "0", "0", "tile.e16t32", "1", "4", "1"])
+                   "2"])
+    expect.append(["2", "0", "0", "131072", "512", "4", "2048", "32768", "512", "0", "0", "tile.e16t32", "1", "4", "2"])
     expect.append(["4", "0", "0", "131072", "513", "1"])
     expect.append(["4", "0", "0", "131072", "300", "8", "2400", "16384", "300", "0", "0", "tile.e8t64", "1", "5", "1"])
+    expect.append(["2", "1", "0", "131072", "1024", "2", "2048", "65536", "1024", "0", "999", "tile.e16t32", "1", "4",
+                   "2"])
+    expect += [["2", "1", "0", "131072", "1024", "1"], ["2", "0", "0", "131072", "1024", "1"]]
     assert got == expect

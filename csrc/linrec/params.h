@@ -28,6 +28,10 @@ struct ScanParams : StridedLayout<kNumSlots> {
   int64_t seg_grad_init_step;
 };
 
+// How a tile kernel's sequences hold rows (ScanParams::seg_len): one row each (none), rows of any
+// length, or rows of whole tiles (a row starts or ends only at a tile's edge).
+enum SegmentKind : int { kNoSegments = 0, kRowSegments = 1, kTileSegments = 2 };
+
 // Batch-shaped slots (x's shape without the scanned dim); the others have x's shape.
 constexpr bool is_batch_slot(int slot) { return slot == kInit || slot == kGradInit; }
 

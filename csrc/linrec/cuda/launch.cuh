@@ -52,10 +52,15 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, const Lookbac
       return with_config<kNumTileConfigs>(plan.config, [&](auto i) {
         constexpr TileConfig cfg = tile_config(sizeof(T), i);
         const TileArgs args{plan.num_chunks, plan.per_chunk, plan.vec_mask, plan.walk_prefetch, lb};
-        if (plan.segments) {  // only the walking tile, aligned (plan_segments)
+        if (plan.segments != kNoSegments) {  // only the walking tile, aligned (plan_segments)
           if constexpr (i == kTileWalk) {
             if (plan.phase_shift) return cudaErrorInvalidConfiguration;
-            scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward, false, true><<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+            if (plan.segments == kTileSegments)
+              scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward, false, kTileSegments>
+                  <<<plan.grid, cfg.threads, 0, stream>>>(p, args);
+            else
+              scan_tile_kernel<T, cfg.elems, cfg.threads, kBackward, false, kRowSegments>
+                  <<<plan.grid, cfg.threads, 0, stream>>>(p, args);
             return cudaGetLastError();
           } else {
             return cudaErrorInvalidConfiguration;

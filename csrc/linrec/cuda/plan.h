@@ -46,7 +46,7 @@ struct ScanPlan {
   unsigned vec_mask;       // tile, stream and ring kernels: slots that take 16-byte vector accesses
   bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles shifted per row (scan_tile_kernel)
   bool walk_prefetch;      // tile kernel: a walking block prefetches its next tile into L2
-  bool segments;           // tile kernel: sequences of whole rows (ScanParams::seg_len; segment_rows)
+  int segments;            // tile kernel: a SegmentKind (ScanParams::seg_len; segment_rows)
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
   size_t workspace_bytes;  // look-back counters and status (0 without look-back; launch.h)
 };
@@ -507,8 +507,8 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
 // / H100, bf16 backward 0.17 / 0.22; bench/NOTES.md items 76-77). Instead `g` rows back to back make
 // one sequence of g x len steps, scanned by the walking tile with the coefficient at each row start
 // zeroed (ScanParams::seg_len): the affine map of a step whose coefficient is 0 forgets the state
-// before it, so the block scan needs no segment flags. Rows of at most one walking tile; returns g
-// (1: the rows stay as they are): among the divisors of the rows that keep the sequence at least
+// before it, so the block scan needs no segment flags. Rows of at most one walking tile (and the
+// tile pairs below); returns g (1: the rows stay as they are): among the divisors of the rows that keep the sequence at least
 // one walking tile and at most kSegmentMaxSteps, 16-byte aligned, leaving 8 sequences per SM, the
 // one whose sequences fill their tiles best, then the one nearest segment_target_steps; if its
 // sequences walk (walk_min_rows, no phase shift). Only where every operand's rows lie back to back
@@ -524,9 +524,16 @@ inline ScanParams segment_params(const ScanParams& p, int64_t g, int elem_size);
 
 inline int64_t segment_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev) {
   const ScanDefaults def = device_defaults(dev, elem_size, p.backward, 1);
-  if (def.tile_walk < 0 || p.nbatch != 1 || p.len < 1 || p.len > tile_config(elem_size, def.tile_walk).tile() ||
-      p.ptr[kInit] || p.accumulate_grad_coeff || is_channel_layout(p))
+  if (def.tile_walk < 0 || p.nbatch != 1 || p.len < 1 || p.ptr[kInit] || p.accumulate_grad_coeff ||
+      is_channel_layout(p))
     return 1;
+  const int64_t walk_tile = tile_config(elem_size, def.tile_walk).tile();
+  // Also the 2-byte backward's rows of two walking tiles where DRAM gives each SM more than 30 GB/s:
+  // a one-warp block walks two of them as four tiles (H200 bf16 131072 x 1024 backward 0.90 -> TBD
+  // of torch.add; rows of 2048 steps ran at 0.945, item 78).
+  const bool tile_pairs = elem_size == 2 && p.backward && dev.dram_gbps_per_sm > kFastDramGbpsPerSm &&
+                          p.len == 2 * walk_tile;
+  if (p.len > walk_tile && !tile_pairs) return 1;
   // Every group starts where its first row's lowest step is: 16-byte aligned there and a multiple of
   // a vector long, it is aligned (vectorizable); the check is a loop of integer tests (host time).
   const int64_t vec = 16 / elem_size;
@@ -536,7 +543,6 @@ inline int64_t segment_rows(const ScanParams& p, int elem_size, const DeviceInfo
     const char* lowest = static_cast<const char*>(p.ptr[s]) + (p.lstride[s] > 0 ? 0 : (1 - p.len) * elem_size);
     if (reinterpret_cast<uintptr_t>(lowest) % 16 != 0) return 1;
   }
-  const int64_t walk_tile = tile_config(elem_size, def.tile_walk).tile();
   const int64_t target = segment_target_steps(elem_size, p.backward);
   const int64_t min_groups = 8 * int64_t(dev.num_sms);  // walk_min_rows' most
   int64_t best = 1, best_steps = 0, best_padded = 1;
@@ -590,7 +596,8 @@ inline ScanPlan plan_segments(const ScanParams& q, int elem_size, const DeviceIn
   ScanPlan plan{};
   plan.vec_mask = vector_slots(q, elem_size);
   plan_tile(plan, q, elem_size, dev, -1, def.tile_lookback, def.tile_walk, /*walk_many=*/true);
-  plan.segments = true;
+  const int64_t walk_tile = tile_config(elem_size, plan.config).tile();
+  plan.segments = q.seg_len % walk_tile == 0 ? kTileSegments : kRowSegments;
   return plan;
 }
 

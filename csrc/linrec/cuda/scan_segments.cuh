@@ -33,6 +33,17 @@ __device__ __forceinline__ void mask_segments(int64_t tf, int seg, StepSpan r, C
   }
 }
 
+// The same where rows are whole tiles of kTile steps (p.seg_len a multiple of it): only a tile's
+// first step can start a row in walk order and only its last end one, so two threads test once
+// (mask_segments' per-step tests took the one-warp 2-byte backward over its register cap).
+template <int E, int NT, bool kBackward, typename C, typename Y>
+__device__ __forceinline__ void mask_tile_segments(int64_t t0, int seg, C& c, Y& yn) {
+  const uint32_t first = static_cast<uint32_t>(t0) % static_cast<uint32_t>(seg);
+  if (threadIdx.x == 0 && first == 0) set_step(c, 0, 0.f);
+  if constexpr (kBackward)
+    if (threadIdx.x == NT - 1 && first + E * NT == static_cast<uint32_t>(seg)) set_step(yn, E - 1, 0.f);
+}
+
 // The backward: each row's grad_initial, c[t] * dx[t] at its forward start (walk step t with (t + 1)
 // % S == 0), read back from global memory after the tile's stores (a loop over the rows, not the
 // steps: with the steps unrolled over registers the one-warp 2-byte and the 4-byte walking backward

@@ -503,15 +503,16 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
 // Minimum blocks per SM of scan_tile_kernel (see there).
 // The segmented 2-byte backward over one warp (mask_segments on packed c and y) spilled at 64
 // registers: 24 blocks per SM (up to 85 registers) for it.
-template <typename T, int E, int NT, bool kBackward, bool kSegments = false>
+template <typename T, int E, int NT, bool kBackward, int kSegments = kNoSegments>
 constexpr int tile_min_blocks() {
-  if (kSegments && sizeof(T) == 2 && kBackward && NT == 32) return 24;
+  if (kSegments == kRowSegments && sizeof(T) == 2 && kBackward && NT == 32) return 24;
   if (sizeof(T) != 2) return kBackward && E == 8 && NT == 64 ? 16 : 0;
   if (!kBackward) return E == 16 && NT == 32 ? 32 : 0;
   return E == 32 ? 512 / NT : NT == 32 ? 32 : NT > 32 ? 896 / NT : 1;
 }
-// kSegments: the sequences hold whole rows of p.seg_len steps (mask_segments).
-template <typename T, int E, int NT, bool kBackward, bool kPhaseShift, bool kSegments = false>
+// kSegments (a SegmentKind): the sequences hold whole rows of p.seg_len steps (mask_segments,
+// mask_tile_segments).
+template <typename T, int E, int NT, bool kBackward, bool kPhaseShift, int kSegments = kNoSegments>
 __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegments>())
     scan_tile_kernel(const ScanParams p, const TileArgs args) {
   constexpr int kTile = E * NT;
@@ -564,9 +565,10 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
       load_tile_global_packed<T, E, NT, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
     else
       load_tile_global<T, E, NT, kBackward, kEdgeVectors, /*kStripe=*/true>(s, L, tf, r, vm, v, c, yn);
-    if constexpr (kSegments) mask_segments<E, kBackward>(tf, static_cast<int>(p.seg_len), r, c, yn);
+    if constexpr (kSegments == kRowSegments) mask_segments<E, kBackward>(tf, static_cast<int>(p.seg_len), r, c, yn);
+    if constexpr (kSegments == kTileSegments) mask_tile_segments<E, NT, kBackward>(t0, static_cast<int>(p.seg_len), c, yn);
     scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
-    if constexpr (kSegments && kBackward) store_segment_grad_init<T>(s, p, L, tf, r);
+    if constexpr (kSegments != kNoSegments && kBackward) store_segment_grad_init<T>(s, p, L, tf, r);
     if (tile + 1 < args.tiles_per_chunk) __syncthreads();  // scan_storage is reused by the next tile
   }
   // Warp 0 holds the state after the tiles (each lane ran the prefix callback alike).
