@@ -487,7 +487,7 @@ def _contiguous_rows(rows: int, length: int, dtype: torch.dtype, seed: int):
 @pytest.mark.parametrize("reverse", REVERSE)
 def test_segmented_rows_default(reverse, dtype):
     """Many rows of at most one walking tile, which the default plan groups into sequences of
-    several rows with segments (plan.h's segment_rows; test_plan_host checks that these shapes are
+    several rows with segments (plan_segments.h's segment_rows; test_plan_host checks that these shapes are
     grouped: 8 rows of 128 steps, 40 of 37 (3 tiles, the last partial), 1024 of 1, float32's 4 of
     255, 4 of 128, 8 of 300 (5 tiles), 2-4 of 512 (whole tiles: masked at tile edges only), and on
     GPUs with fast DRAM the 2-byte backward's 2 of 1024): every output, grad_initial of each row

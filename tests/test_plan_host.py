@@ -508,7 +508,7 @@ def test_whole_row_tile_default(tmp_path):
 
 _SEGMENTS_PROGRAM = r"""
 #include <cstdio>
-#include "linrec/cuda/plan.h"
+#include "linrec/cuda/plan_segments.h"
 using namespace linrec;
 // Contiguous rows (the layout of (rows, len) tensors): reversed walks point at each row's last step.
 static void show(int elem_size, bool backward, bool reverse, long long rows, long long len, bool initial = false,
@@ -567,7 +567,7 @@ int main() {
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 def test_segmented_rows_default(tmp_path):
     """Many rows of at most one walking tile (512 steps) run as sequences of g rows back to back
-    (plan.h's segment_rows): among the divisors of the rows with at least one walking tile and at
+    (plan_segments.h's segment_rows): among the divisors of the rows with at least one walking tile and at
     most 4096 steps per sequence, 16-byte aligned and 8 per SM, the one that fills its tiles best,
     then the one nearest 2048 steps (the float32 forward: 1024); walked by the walking tile with
     segments; a reverse walk starts at each group's last step; the backward writes grad_initial

@@ -20,7 +20,7 @@ struct ScanParams : StridedLayout<kNumSlots> {
   // every run gives the same bits.
   bool deterministic;
   // Tile kernel (CUDA): each sequence holds whole rows of `seg_len` steps back to back, scanned
-  // independently (plan.h segment_rows; 0: off). The kernel zeroes the coefficient that would
+  // independently (cuda/plan_segments.h segment_rows; 0: off). The kernel zeroes the coefficient that would
   // carry a state across a row start, and in the backward writes each row's grad_initial at
   // `seg_grad_init_step` elements from the previous row's (in walk order, counted from the row
   // that holds the sequence's last step).

@@ -18,6 +18,7 @@
 #include "../../common/errors.h"
 #include "../ops.h"
 #include "launch.h"
+#include "plan_segments.h"
 
 namespace linrec {
 namespace {
@@ -133,7 +134,7 @@ void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& de
   const DeviceInfo dev = device_info(device.index());
   const ConfigRequest req = parse_config(config, elem_size);
   bool inapplicable = false;
-  // Many short rows run as sequences of several rows each (plan.h segment_rows), unless a config is
+  // Many short rows run as sequences of several rows each (plan_segments.h segment_rows), unless a config is
   // named: a tuned one ("auto", a preference) yields to them (ops.cpp resolve_auto).
   const int64_t group = req.index < 0 || req.prefer ? segment_rows(p, elem_size, dev) : 1;
   const ScanParams q = group > 1 ? segment_params(p, group, elem_size) : p;

@@ -1,4 +1,4 @@
-// Segmented rows in the tile kernel (ScanParams::seg_len = S; plan.h segment_rows): a sequence holds
+// Segmented rows in the tile kernel (ScanParams::seg_len = S; plan_segments.h segment_rows): a sequence holds
 // whole rows of S steps back to back. The step at each row start in walk order forgets the state
 // before it (coefficient 0): the affine maps' scan needs no segment flags.
 #pragma once
