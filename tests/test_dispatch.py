@@ -488,24 +488,23 @@ def test_tuned_triton_choice_needs_a_length_multiple_of_16(length, expect):
         dispatch.clear_memo()
 
 
-@pytest.mark.parametrize("layout,length,expect", [
-    ("innermost", 512, None), ("innermost", 384, None), ("innermost", 528, "triton.t1024"),
-    ("strided", 512, "triton.t1024"), ("innermost-bcast", 512, "triton.t1024")])
-def test_tuned_triton_choice_leaves_segmented_rows_to_native(layout, length, expect):
-    """On a CUDA device's table, a tuned Triton choice does not apply to contiguous rows of at most
-    512 steps without `initial` (csrc/linrec/tuned.h: the native default runs them as segments); with
-    `initial`, in other layouts, on longer rows and in the CPU's table it does. Table lookups only (no
-    GPU needed: the tables are keyed by device index)."""
+@pytest.mark.parametrize("layout,length,applies", [
+    ("innermost", 512, False), ("innermost", 384, False), ("innermost", 528, True), ("strided", 512, True),
+    ("innermost-bcast", 512, True)])
+def test_tuned_choice_leaves_segmented_rows_to_native(layout, length, applies):
+    """On a CUDA device's table, tuned choices (Triton or native) do not apply to contiguous rows of
+    at most 512 steps without `initial` (csrc/linrec/tuned.h: the native default runs them as
+    segments); with `initial`, in other layouts, on longer rows and in the CPU's table they do.
+    Table lookups only (no GPU needed: the tables are keyed by device index)."""
     C = torch_linrec._library._C
     key = bucket_key("scan", "fwd", torch.float32, layout, length, 1 << 17)
     try:
-        for device in (0, -1):
-            C.set_scan_tuned(device, {key: "triton.t1024"})
-        assert C.scan_tuned_config(0, key, length, False) == expect
-        assert C.scan_tuned_config(0, key, length, False, True) == "triton.t1024"  # with initial
-        assert C.scan_tuned_config(-1, key, length, False) == "triton.t1024"
-        C.set_scan_tuned(0, {key: "tile.e8t32"})  # native choices: the launcher yields them to segments
-        assert C.scan_tuned_config(0, key, length, False) == "tile.e8t32"
+        for cfg in ("triton.t1024", "tile.e8t32"):
+            for device in (0, -1):
+                C.set_scan_tuned(device, {key: cfg})
+            assert C.scan_tuned_config(0, key, length, False) == (cfg if applies else None)
+            assert C.scan_tuned_config(0, key, length, False, True) == cfg  # with initial
+            assert C.scan_tuned_config(-1, key, length, False) == cfg
     finally:
         dispatch.clear_memo()
 

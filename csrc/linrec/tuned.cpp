@@ -78,12 +78,10 @@ std::optional<std::string> tuned_config(int device, const std::string& key, int6
   }
   const auto hit = table->find(key);
   if (hit == table->end()) return std::nullopt;
-  if (is_triton_config(hit->second)) {
-    if (reverse || length % kTritonLengthMultiple != 0) return std::nullopt;
-    const bool segmented = device >= 0 && length <= kSegmentedRowMax && !initial &&
-                           key.find("/innermost/") != std::string::npos;
-    if (segmented) return std::nullopt;
-  }
+  const bool segmented =
+      device >= 0 && length <= kSegmentedRowMax && !initial && key.find("/innermost/") != std::string::npos;
+  if (segmented) return std::nullopt;
+  if (is_triton_config(hit->second) && (reverse || length % kTritonLengthMultiple != 0)) return std::nullopt;
   return hit->second;
 }
 

@@ -41,11 +41,11 @@ void clear_tuned_configs();
 // 0.67; bench/NOTES.md item 28).
 constexpr int64_t kTritonLengthMultiple = 16;
 
-// A CUDA device's tuned Triton choice does not apply to innermost rows of at most this many steps
-// without `initial`: the native default runs them as sequences of several rows (cuda/plan_segments.h
-// segment_rows; a tuned native choice yields to that in the launcher), ahead of the picks the tuner
-// made on the longer rows of their buckets (H200 forward: float32 131072 x 512 0.99 of torch.add
-// against triton.t2048's 0.92, bf16 262144 x 384 0.94 against triton.t1024's 0.77; item 78).
+// A CUDA device's tuned choices do not apply to innermost rows of at most this many steps without
+// `initial`: the native default runs them as sequences of several rows (cuda/plan_segments.h
+// segment_rows), ahead of the picks the tuner made on the longer rows of their buckets (H200
+// forward: float32 131072 x 512 0.99 of torch.add against triton.t2048's 0.92, bf16 262144 x 384
+// 0.94 against triton.t1024's 0.77; item 78).
 constexpr int64_t kSegmentedRowMax = 512;
 
 // The config for `key` on `device` (-1: the CPU's table) for a call of this scan length and

@@ -134,9 +134,9 @@ void launch_cuda(const ScanParams& p, at::ScalarType dtype, const at::Device& de
   const DeviceInfo dev = device_info(device.index());
   const ConfigRequest req = parse_config(config, elem_size);
   bool inapplicable = false;
-  // Many short rows run as sequences of several rows each (plan_segments.h segment_rows), unless a config is
-  // named: a tuned one ("auto", a preference) yields to them (ops.cpp resolve_auto).
-  const int64_t group = req.index < 0 || req.prefer ? segment_rows(p, elem_size, dev) : 1;
+  // Many short rows run as sequences of several rows each (plan_segments.h segment_rows), unless a
+  // config is named (the tuned cache names none for them, tuned.h).
+  const int64_t group = req.index < 0 ? segment_rows(p, elem_size, dev) : 1;
   const ScanParams q = group > 1 ? segment_params(p, group, elem_size) : p;
   const ScanPlan plan = group > 1 ? plan_segments(q, elem_size, dev) : plan_scan(p, elem_size, dev, req, &inapplicable);
   TORCH_CHECK_VALUE(!inapplicable, "linrec.scan: config '", config_name(req.kind, elem_size, req.index),
