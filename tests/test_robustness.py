@@ -65,6 +65,36 @@ def test_nan_inf_propagate_causally(backend, reverse, where, bad):
     assert not torch.isfinite(gx[:, step]).any()
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.xfail(strict=True, reason="known bug (README Limitations): the CUDA segmented short rows zero the "
+                   "coefficient at each row start, and 0 * Inf is NaN, so a non-finite state at a row's end reaches "
+                   "the rows after it in its sequence; the fix (a reset-aware composition) is not yet run on a GPU")
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+def test_nan_inf_stay_in_their_row_cuda(reverse):
+    """Many short rows, which the default CUDA plan groups into sequences of several rows
+    (cuda/plan_segments.h): an Inf in one row's x and a NaN in another row's coefficients leave every
+    other row's output and grad_x bit for bit as without them."""
+    rows, length = 65536, 64
+    x, c = _inputs((rows, length), "cuda", key=("segments", reverse))
+    xb, cb = x.clone(), c.clone()
+    last = 0 if reverse else length - 1
+    xb[2, last] = float("inf")  # row 2 ends in an Inf state (in either walk direction)
+    cb[5, 10] = float("nan")
+    poisoned = torch.zeros(rows, dtype=torch.bool, device="cuda")
+    poisoned[[2, 5]] = True
+    outs = []
+    for xi, ci in ((x, c), (xb, cb)):
+        xi, ci = xi.clone().requires_grad_(), ci.clone().requires_grad_()
+        y = torch_linrec.scan(xi, ci, None, -1, reverse, backend="native")
+        gy = torch.ones_like(y)
+        gy[9, length - 1 - last] = float("inf")  # row 9's backward walk ends in an Inf state
+        outs.append((y.detach(), *torch.autograd.grad(y, (xi,), gy)))
+    poisoned[9] = True
+    for clean, bad in zip(*outs):
+        torch.testing.assert_close(bad[~poisoned], clean[~poisoned], rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------- determinism
 
 
