@@ -67,9 +67,6 @@ def test_nan_inf_propagate_causally(backend, reverse, where, bad):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.xfail(strict=True, reason="known bug (README Limitations): the CUDA segmented short rows zero the "
-                   "coefficient at each row start, and 0 * Inf is NaN, so a non-finite state at a row's end reaches "
-                   "the rows after it in its sequence; the fix (a reset-aware composition) is not yet run on a GPU")
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 def test_nan_inf_stay_in_their_row_cuda(reverse):
     """Many short rows, which the default CUDA plan groups into sequences of several rows

@@ -31,11 +31,23 @@ struct Affine {
   float a, b;  // h -> a * h + b
 };
 
-struct ComposeOp {
+// The state after a step (or map) a, b from the state h before it: a * h + b. kReset (segmented
+// rows): a map whose a is 0, a row start, gives b without multiplying h, so that a non-finite
+// state (0 * Inf is NaN) stays in its row; the same bits for a finite h up to a zero's sign.
+template <bool kReset = false>
+__device__ __forceinline__ float apply_map(float a, float h, float b) {
+  return kReset && a == 0.f ? b : fmaf(a, h, b);
+}
+
+// `first`, then `second`.
+template <bool kReset = false>
+struct ComposeOpT {
   __device__ __forceinline__ Affine operator()(const Affine& first, const Affine& second) const {
+    if (kReset && second.a == 0.f) return second;
     return {first.a * second.a, fmaf(first.b, second.a, second.b)};
   }
 };
+using ComposeOp = ComposeOpT<false>;
 
 // Batch index of flat sequence `seq` (innermost dim first) and per-slot offsets from it.
 struct SeqIndex {

@@ -34,6 +34,7 @@ struct TileCarry {
   LookbackState lb;
   int64_t seq, num_seq, chunk;  // status of chunk k of sequence s at k * num_seq + s
   int64_t index;
+  bool reset = false;  // segmented rows: a tile aggregate with a == 0 forgets the carry (apply_map)
 
   __device__ __forceinline__ Affine operator()(Affine agg) {
     if (lookback && chunk > 0) {
@@ -41,7 +42,7 @@ struct TileCarry {
       carry = lb.warp_look_back(seq, num_seq, chunk);
     }
     const Affine prefix{1.f, carry};
-    carry = fmaf(agg.a, carry, agg.b);
+    carry = reset ? apply_map<true>(agg.a, carry, agg.b) : fmaf(agg.a, carry, agg.b);
     if (lookback && threadIdx.x == 0) lb.publish_inclusive(index, carry);
     return prefix;
   }
@@ -342,27 +343,29 @@ struct StepRuns {
   Affine map[kRuns];  // run k's map (reduce_steps)
 
   // The state before each run from the state `h` before the first.
+  template <bool kReset = false>
   __device__ __forceinline__ void starts(float h, float (&out)[kRuns]) const {
     out[0] = h;
 #pragma unroll
-    for (int k = 1; k < kRuns; ++k) out[k] = fmaf(map[k - 1].a, out[k - 1], map[k - 1].b);
+    for (int k = 1; k < kRuns; ++k) out[k] = apply_map<kReset>(map[k - 1].a, out[k - 1], map[k - 1].b);
   }
 };
 
-// The affine map of a thread's E steps; `runs` gets each run's.
-template <int E, int K, typename C>
+// The affine map of a thread's E steps; `runs` gets each run's. kReset: apply_map.
+template <int E, bool kReset = false, int K, typename C>
 __device__ __forceinline__ Affine reduce_steps(const float (&v)[E], const C& c, StepRuns<E, K>& runs) {
   using R = StepRuns<E, K>;
+  using Compose = ComposeOpT<kReset>;
 #pragma unroll
   for (int k = 0; k < R::kRuns; ++k) runs.map[k] = Affine{c[k * R::kLen], v[k * R::kLen]};
 #pragma unroll
   for (int j = 1; j < R::kLen; ++j)
 #pragma unroll
     for (int k = 0; k < R::kRuns; ++k)
-      runs.map[k] = ComposeOp()(runs.map[k], Affine{c[k * R::kLen + j], v[k * R::kLen + j]});
+      runs.map[k] = Compose()(runs.map[k], Affine{c[k * R::kLen + j], v[k * R::kLen + j]});
   Affine agg = runs.map[0];
 #pragma unroll
-  for (int k = 1; k < R::kRuns; ++k) agg = ComposeOp()(agg, runs.map[k]);
+  for (int k = 1; k < R::kRuns; ++k) agg = Compose()(agg, runs.map[k]);
   return agg;
 }
 
@@ -378,17 +381,17 @@ __device__ __forceinline__ float last_state(StepSpan r, const float (&v)[E]) {
 
 // Replays a thread's runs from the state `h` before them (`runs` from reduce_steps): v[i] becomes the
 // state after step i, and `each(i)` runs once it has.
-template <int E, int K, typename C, typename F>
+template <bool kReset, int E, int K, typename C, typename F>
 __device__ __forceinline__ void replay_runs(float h, const StepRuns<E, K>& runs, float (&v)[E], const C& c, F&& each) {
   using R = StepRuns<E, K>;
   float st[R::kRuns];
-  runs.starts(h, st);
+  runs.template starts<kReset>(h, st);
 #pragma unroll
   for (int j = 0; j < R::kLen; ++j)
 #pragma unroll
     for (int k = 0; k < R::kRuns; ++k) {
       const int i = k * R::kLen + j;
-      st[k] = fmaf(c[i], st[k], v[i]);
+      st[k] = apply_map<kReset>(c[i], st[k], v[i]);
       v[i] = st[k];
       each(i);
     }
@@ -397,10 +400,10 @@ __device__ __forceinline__ void replay_runs(float h, const StepRuns<E, K>& runs,
 // Replays a thread's steps: v becomes the states (the forward's y, the backward's dx) and, in the
 // backward, yn (the shifted y) becomes dc = dx * yn. Returns the state after the thread's last step
 // in `r`.
-template <int E, bool kBackward, int K>
+template <int E, bool kBackward, bool kReset = false, int K>
 __device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& runs, StepSpan r, float (&v)[E],
                                               const float (&c)[E], float (&yn)[E]) {
-  replay_runs(h, runs, v, c, [](int) {});
+  replay_runs<kReset>(h, runs, v, c, [](int) {});
   if constexpr (kBackward) {
 #pragma unroll
     for (int i = 0; i < E; ++i) yn[i] *= v[i];
@@ -409,11 +412,11 @@ __device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& run
 }
 
 // replay_steps with packed c and y (the tile kernel's 2-byte backward): dc = dx * yn into `dc`.
-template <int E, typename T, int K>
+template <bool kReset, int E, typename T, int K>
 __device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& runs, StepSpan r, float (&v)[E],
                                               const PackedSteps<T, E>& c, const PackedSteps<T, E>& yn,
                                               float (&dc)[E]) {
-  replay_runs(h, runs, v, c, [&](int i) { dc[i] = v[i] * yn[i]; });
+  replay_runs<kReset>(h, runs, v, c, [&](int i) { dc[i] = v[i] * yn[i]; });
   return last_state<E>(r, v);
 }
 
@@ -453,32 +456,33 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
 // Replays a thread's steps from the state `h` before them and stores the outputs.
 // (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
 // many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
-template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, int K, typename C, typename Y>
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, bool kReset, int K, typename C, typename Y>
 __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float h, const StepRuns<E, K>& runs, float (&v)[E],
                                                  const C& c, Y& yn) {
   if constexpr (std::is_same_v<Y, PackedSteps<T, E>>) {
     float dc[E];
-    const float h_last = replay_steps(h, runs, r, v, c, yn, dc);
+    const float h_last = replay_steps<kReset>(h, runs, r, v, c, yn, dc);
     store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, dc);
   } else {
-    const float h_last = replay_steps<E, kBackward>(h, runs, r, v, c, yn);
+    const float h_last = replay_steps<E, kBackward, kReset>(h, runs, r, v, c, yn);
     store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, yn);
   }
 }
 
 // Scans a tile whose operands are in registers: each thread reduces its E steps to one
 // affine map, cub::BlockScan (with `carry` as prefix callback) gives its exclusive prefix,
-// and the thread replays its steps from there and stores them.
-template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, typename C, typename Y>
+// and the thread replays its steps from there and stores them. kReset: segmented rows (apply_map).
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, bool kReset = false, typename C, typename Y>
 __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
                                                     TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
                                                     StepSpan r, unsigned vm, float (&v)[E], const C& c, Y& yn) {
   Affine prefix;
   // One run for the 2-byte 16-step tiles, at their register caps (a second run's map spilled there).
   StepRuns<E, sizeof(T) == 2 && E == 16 ? 1 : StepRuns<E>::kRuns> runs;
-  cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E>(v, c, runs), prefix, ComposeOp(), carry);
-  replay_and_store<T, E, NT, kBackward, kEdgeVectors>(s, L, tf, r, vm, prefix.b, runs, v, c, yn);
+  cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E, kReset>(v, c, runs), prefix,
+                                                    ComposeOpT<kReset>(), carry);
+  replay_and_store<T, E, NT, kBackward, kEdgeVectors, kReset>(s, L, tf, r, vm, prefix.b, runs, v, c, yn);
 }
 
 // One block per sequence (all its tiles, one after the other) or, with look-back
@@ -549,7 +553,7 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
   constexpr bool kPacked = kBackward && sizeof(T) == 2;
   using Operands = std::conditional_t<kPacked, PackedSteps<T, E>, float[E]>;
 
-  TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid};
+  TileCarry carry{kBackward ? 0.f : s.init, lookback, args.lb, seq, p.num_seq, chunk, vid, kSegments != kNoSegments};
   const int64_t chunk_t0 = chunk * args.tiles_per_chunk * kTile - phase;
 
   for (int64_t tile = 0; tile < args.tiles_per_chunk; ++tile) {
@@ -567,7 +571,8 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
       load_tile_global<T, E, NT, kBackward, kEdgeVectors, /*kStripe=*/true>(s, L, tf, r, vm, v, c, yn);
     if constexpr (kSegments == kRowSegments) mask_segments<E, kBackward>(tf, static_cast<int>(p.seg_len), r, c, yn);
     if constexpr (kSegments == kTileSegments) mask_tile_segments<E, NT, kBackward>(t0, static_cast<int>(p.seg_len), c, yn);
-    scan_tile_registers<T, E, NT, kBackward, kEdgeVectors>(scan_storage, carry, s, L, tf, r, vm, v, c, yn);
+    scan_tile_registers<T, E, NT, kBackward, kEdgeVectors, kSegments != kNoSegments>(scan_storage, carry, s, L, tf, r,
+                                                                                     vm, v, c, yn);
     if constexpr (kSegments != kNoSegments && kBackward) store_segment_grad_init<T>(s, p, L, tf, r);
     if (tile + 1 < args.tiles_per_chunk) __syncthreads();  // scan_storage is reused by the next tile
   }
