@@ -214,8 +214,8 @@ def poison_allocator(t_like: torch.Tensor, copies: int = 4) -> None:
 
     Allocates and frees NaN-filled blocks of the byte size of ``t_like``; the CUDA caching allocator
     (and often the CPU one) hands the same blocks to the next allocations of that size. On the CPU
-    the backward's outputs come from the pool of :func:`torch_linrec.cpu_pool_stats`: NaN-filled
-    blocks are left there too, as outputs of the CPU backward of a NaN gradient.
+    the ops' outputs come from the pool of :func:`torch_linrec.cpu_pool_stats`: NaN-filled blocks
+    are left there too, as outputs of the CPU backward of a NaN gradient.
     """
     n = max(1, t_like.numel())
     bufs = [torch.full((n,), float("nan"), dtype=t_like.dtype, device=t_like.device) for _ in range(copies)]

@@ -157,8 +157,9 @@ def test_layouts_agree_to_the_bit(dtype):
 
 
 # ------------------------------------------------------------------------------------ output pool
-# The CPU backward's grad_x and grad_coeffs take their storage from a pool of blocks freed by
-# earlier outputs (csrc/common/host_pool.cpp). 512 x 512 float32: 1 MiB blocks, which it keeps.
+# The CPU forward's y and the backward's grad_x and grad_coeffs take their storage from a pool of
+# blocks freed by earlier outputs (csrc/common/host_pool.cpp). 512 x 512 float32: 1 MiB blocks,
+# which it keeps.
 POOL_SHAPE = (512, 512)
 
 
@@ -183,14 +184,14 @@ def _expected(gy, c, y):
 
 
 def test_pool_recycles_freed_outputs(pool):
-    _, _, _, (dx, dc, _) = _backward()
-    first = {dx.data_ptr(), dc.data_ptr()}
-    del dx, dc
-    assert torch_linrec.cpu_pool_stats()["idle_bytes"] >= 2 * 2**20
+    _, _, y, (dx, dc, _) = _backward()
+    first = {y.data_ptr(), dx.data_ptr(), dc.data_ptr()}
+    del y, dx, dc
+    assert torch_linrec.cpu_pool_stats()["idle_bytes"] >= 3 * 2**20
     gy, c, y, (dx, dc, _) = _backward(seed=1)
-    assert {dx.data_ptr(), dc.data_ptr()} == first
+    assert {y.data_ptr(), dx.data_ptr(), dc.data_ptr()} == first  # the forward's y too
     stats = torch_linrec.cpu_pool_stats()
-    assert stats["hits"] >= 2 and stats["misses"] >= 2, stats
+    assert stats["hits"] >= 3 and stats["misses"] >= 3, stats
     dx_ref, dc_ref, _ = _expected(gy, c, y)
     assert_close_scaled(dx, dx_ref, torch.float32, "grad_x")
     assert_close_scaled(dc, dc_ref, torch.float32, "grad_coeffs")

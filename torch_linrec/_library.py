@@ -43,14 +43,15 @@ def document_op(name: str, doc: str) -> None:
 
 
 def cpu_pool_stats() -> dict[str, int]:
-    """Counts of the pool that recycles the memory of the CPU backward's outputs.
+    """Counts of the pool that recycles the memory of the CPU kernels' outputs.
 
-    On the CPU, ``linrec.scan_backward`` (the backward of :func:`torch_linrec.scan`) takes the storage
-    of ``grad_x`` and ``grad_coeffs`` from a small per-process pool of blocks freed by earlier outputs
-    of about their size, and a freed output's block goes back to it. glibc malloc would otherwise
-    return the memory to the system between training steps and page-fault it in again on the next
-    step, which costs as much as the backward's kernel (bench/NOTES.md item 22). The pool holds at
-    most :func:`set_cpu_pool_limit`'s bytes idle; the outputs' storage is an ordinary, resizable CPU
+    On the CPU, ``linrec.scan`` (its ``y``), ``linrec.scan_backward`` (the backward of
+    :func:`torch_linrec.scan`: ``grad_x`` and ``grad_coeffs``) and ``linrec.log_scan`` take their
+    outputs' storage from a small per-process pool of blocks freed by earlier outputs of about their
+    size, and a freed output's block goes back to it. glibc malloc would otherwise return the memory
+    to the system between calls and page-fault it in again on the next one, which costs as much as
+    the kernel or several times it (bench/NOTES.md items 22, 78). The pool holds at most
+    :func:`set_cpu_pool_limit`'s bytes idle; the outputs' storage is an ordinary, resizable CPU
     storage.
 
     Returns:

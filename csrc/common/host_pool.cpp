@@ -1,5 +1,5 @@
-// Host pool: recycled host memory for the outputs of the CPU backward (linrec::scan_backward's
-// grad_x and grad_coeffs).
+// Host pool: recycled host memory for the outputs of the CPU kernels (linrec::scan's y,
+// linrec::scan_backward's grad_x and grad_coeffs, linrec::log_scan's output).
 //
 // Why: glibc malloc serves blocks of up to 32 MiB (its largest dynamic mmap threshold) from its heap
 // and gives the top of the heap back to the system whenever the free space there exceeds its trim
@@ -7,10 +7,12 @@
 // three blocks of x's size (y and the two gradients) where torch.add frees one, so after some calls,
 // depending on the heap's history, a free trims the heap and the next calls page-fault their
 // outputs back in: 2-3 us per 4 KiB page on the project's 2-core CPU machine, as long as the
-// backward's kernel itself, on a third to all of the calls (bench/NOTES.md item 22). A process-wide
-// fix (mallopt, jemalloc) is the user's choice to make, not a library's; the pool keeps the
-// backward's own blocks out of glibc instead: a freed output's block waits here, idle, for the next
-// output of about its size (a training step's backward needs the sizes of the previous step's).
+// backward's kernel itself, on a third to all of the calls (bench/NOTES.md item 22); the forward's
+// y the same: 1 x 2^22 float32 rows of 16-64 steps, one thread, 8-11 ms per call in some processes
+// and 2-3 ms in others, 2.0-2.8 ms in every process with y pooled (item 78). A process-wide fix
+// (mallopt, jemalloc) is the user's choice to make, not a library's; the pool keeps the ops' own
+// blocks out of glibc instead: a freed output's block waits here, idle, for the next output of
+// about its size (a training step needs the sizes of the previous step's).
 //
 // Bounds: at most `limit` idle bytes (default 64 MiB: the most glibc's own trim threshold lets its
 // heap keep), the least recently freed released first; blocks of more than half the limit (those

@@ -1,4 +1,4 @@
-// Recycled host memory for the CPU backward's outputs (host_pool.cpp says why).
+// Recycled host memory for the CPU kernels' outputs (host_pool.cpp says why).
 #pragma once
 #include <ATen/core/Tensor.h>
 

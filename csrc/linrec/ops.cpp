@@ -214,7 +214,7 @@ Tensor scan_impl(const Tensor& x, const Tensor& coeffs, const std::optional<Tens
     return scan_impl(x, coeffs, initial, dim, reverse, cfg, launch);
   }
   check_config("linrec.scan", config);
-  Tensor y = at::empty_like(x);
+  Tensor y = empty_like_pooled(x);  // CPU: recycled blocks (common/host_pool.h)
   if (y.numel() == 0) return y;
   const Tensor c = coeffs.expand(x.sizes());
   const auto h0 = expand_initial(initial, x, d);

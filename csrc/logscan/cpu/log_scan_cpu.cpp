@@ -16,6 +16,7 @@
 #include <cmath>
 #include <limits>
 
+#include "../../common/host_pool.h"
 #include "../../common/layout.h"
 #include "../../linrec/ops.h"
 
@@ -79,7 +80,7 @@ Tensor log_scan_cpu(const Tensor& log_x, const Tensor& log_coeffs, const std::op
                     bool reverse) {
   const char* op = "linrec.log_scan";
   const int64_t d = check_scan_inputs(op, log_x, log_coeffs, initial, dim, "log_x", "log_coeffs");
-  Tensor out = at::empty_like(log_x);
+  Tensor out = empty_like_pooled(log_x);  // recycled blocks (common/host_pool.h)
   if (out.numel() == 0) return out;
   const Tensor c = log_coeffs.expand(log_x.sizes());
   std::optional<Tensor> h0;
