@@ -46,7 +46,7 @@ struct ScanPlan {
   unsigned vec_mask;       // tile, stream and ring kernels: slots that take 16-byte vector accesses
   bool phase_shift;        // tile kernel: rows off the 16-byte grid, tiles shifted per row (scan_tile_kernel)
   bool walk_prefetch;      // tile kernel: a walking block prefetches its next tile into L2
-  int segments;            // tile kernel: a SegmentKind (ScanParams::seg_len; segment_rows)
+  SegmentKind segments;    // tile kernel: how sequences hold rows (ScanParams::seg_len; segment_rows)
   unsigned bulk_mask;      // stream kernel: output slots stored from shared memory by bulk copies
   size_t workspace_bytes;  // look-back counters and status (0 without look-back; launch.h)
 };
