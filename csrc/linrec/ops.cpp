@@ -279,6 +279,7 @@ std::tuple<Tensor, Tensor, Tensor> scan_backward_impl(const Tensor& grad_y, cons
     fill_layout(p, s, y, d, !reverse, "linrec.scan_backward");
     p.backward = true;
     p.accumulate_grad_coeff = accumulate;
+    p.deterministic = deterministic;
     launch(p, y.scalar_type(), y.device(), config);
   }
   if (accumulate) grad_c = grad_c.to(y.scalar_type());
