@@ -93,16 +93,21 @@ struct StreamConfig {
   }
 };
 // 16 KB tiles (4096 float32 steps) or 8 KB; the 512-thread entry hides the per-tile latency
-// with twice the warps.
+// with twice the warps; the last, 4 KB tiles of 128 threads in two stages, is the small block
+// (24 KB of shared memory in the forward) that mid-length rows take (plan.h `small_stream_rows`).
 constexpr StreamConfig kStreamConfigs4B[] = {
     {"stream.e16t256s4", 16, 256, 4, 3, true}, {"stream.e16t256s3", 16, 256, 3, 2, true},
     {"stream.e8t256s6", 8, 256, 6, 4, true},   {"stream.e8t256s4", 8, 256, 4, 3, true},
-    {"stream.e8t512s4", 8, 512, 4, 3, true},   {"stream.e8t512s4.direct", 8, 512, 4, 3, false}};
+    {"stream.e8t512s4", 8, 512, 4, 3, true},   {"stream.e8t512s4.direct", 8, 512, 4, 3, false},
+    {"stream.e8t128s2", 8, 128, 2, 2, true}};
 constexpr StreamConfig kStreamConfigs2B[] = {
     {"stream.e32t256s4", 32, 256, 4, 3, true}, {"stream.e32t256s3", 32, 256, 3, 2, true},
     {"stream.e16t256s6", 16, 256, 6, 4, true}, {"stream.e16t256s4", 16, 256, 4, 3, true},
-    {"stream.e16t512s4", 16, 512, 4, 3, true}, {"stream.e16t512s4.direct", 16, 512, 4, 3, false}};
-constexpr int kNumStreamConfigs = 6;
+    {"stream.e16t512s4", 16, 512, 4, 3, true}, {"stream.e16t512s4.direct", 16, 512, 4, 3, false},
+    {"stream.e16t128s2", 16, 128, 2, 2, true}};
+constexpr int kNumStreamConfigs = 7;
+// The small stream config (the last of both tables).
+constexpr int kStreamSmall = 6;
 constexpr StreamConfig stream_config(int elem_size, int i) {
   return elem_size == 2 ? kStreamConfigs2B[i] : kStreamConfigs4B[i];
 }

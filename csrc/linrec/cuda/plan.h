@@ -426,6 +426,70 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
   plan.grid = seq_blocks * plan.num_chunks;
 }
 
+// The small stream config (configs.h: 128 threads, two stages of 2048 2-byte or 1024 4-byte steps,
+// 24 KB of shared memory in the forward: 7 blocks per SM) for aligned rows of mid length, 2 to 24
+// per SM, on the H200 (DRAM above kFastDramGbpsPerSm per SM; the H100 was not measured): there one
+// wave of these blocks holds every row with its loads in flight, where the defaults' larger stream
+// blocks (2 per SM), look-back tiles or walks leave part of it idle. H200, ratio to torch.add,
+// default -> small stream (bench/NOTES.md item 79):
+// - forward 4-byte, 2048 < L <= 8192, 2 to 24 rows per SM: float32 1000 x 4608 0.69 -> 0.91, 600 x
+//   8000 0.71 -> 0.88, 300 x 5000 0.64 -> 0.78, 2000 x 6000 0.86 -> 0.92, 528 x 3072 level; at one
+//   or two rows per SM, or longer rows from 16 per SM, it loses (132 x 8192 0.75 -> 0.63);
+// - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM: bf16 500 x 10000 0.61 -> 0.80, 528 x
+//   16384 0.77 -> 0.94, 1056 x 8192 0.69 -> 0.82; not shorter rows (bf16 1000 x 3000 0.80 -> 0.61);
+// - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk):
+//   float32 1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;
+// - backward 2-byte, L <= 32768, where the default takes a stream block per row, from 2 rows per
+//   SM: bf16 1056 x 8192 0.55 -> 0.81, 2112 x 16384 0.57 -> 0.81, 528 x 32768 0.73 -> 0.79; the
+//   look-back tiles and walks it takes elsewhere stay ahead (bf16 500 x 10000 0.75 against 0.66).
+inline bool small_stream_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanPlan& plan) {
+  if (dev.cc_major < 9 || dev.dram_gbps_per_sm <= kFastDramGbpsPerSm || whole_row_tile(p, elem_size, dev) >= 0 ||
+      !config_applies(p, elem_size, dev, ScanKind::kStream, kStreamSmall))
+    return false;
+  const int64_t L = p.len, rows = p.num_seq, sms = dev.num_sms;
+  if (rows < 2 * sms) return false;
+  if (!p.backward && elem_size == 4) return L > 2048 && L <= 8192 && rows > 2 * sms && rows <= 24 * sms;
+  if (!p.backward) return L > 4096 && L <= 32768 && rows > 2 * sms && rows <= 9 * sms;
+  if (elem_size == 4) return L > 2048 && L <= 16384 && rows > 2 * sms && rows < 8 * sms;
+  return L <= 32768 && plan.kind == ScanKind::kStream;
+}
+
+// The default plan of a problem whose scanned dim is innermost (before small_stream_rows).
+inline void plan_innermost(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev,
+                           const ScanDefaults& def) {
+  if (const int whole = whole_row_tile(p, elem_size, dev); whole >= 0) {
+    plan_tile(plan, p, elem_size, dev, whole, def.tile_lookback, def.tile_walk);
+    return;
+  }
+  const bool stream_ok = def.stream >= 0 && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
+  if (stream_whole_rows(p, elem_size, dev, def, stream_ok)) {
+    plan_stream(plan, p, elem_size, def.stream_short);
+    return;
+  }
+  const bool walk_many = walk_over_lookback(p, elem_size, dev, def, stream_ok);
+  // 1024-step look-back tiles where neither the walk nor the stream kernel suits the rows.
+  // (Not for rows plan_tile walks from fewer rows per SM: walk_min_rows.)
+  const bool walks = walk_many && p.num_seq >= walk_min_rows(p, elem_size, dev);
+  const bool lookback_1024 = backward_lookback_1024(p, elem_size, dev, def, walk_many) ||
+                             (short_stream_rows(p, elem_size, dev, def, stream_ok) && !walks);
+  const int tile_1024 = elem_size == 4 ? kTile4B8x128 : p.backward ? kTile2B16x64 : kTile2B32x32;
+  plan_tile(plan, p, elem_size, dev, lookback_1024 ? tile_1024 : -1, def.tile_lookback,
+            walk_tile(p, elem_size, dev, def.tile_walk), walk_many);
+  // The ring instead of one block per tile, once its tiles outnumber its blocks (so that a
+  // block's ring has tiles to overlap).
+  const bool ring = !lookback_1024 && plan.num_chunks > 1 && def.ring >= 0 &&
+                    p.num_seq * ceil_div(p.len, ring_config(elem_size, def.ring).tile()) >= 2 * dev.num_sms &&
+                    config_applies(p, elem_size, dev, ScanKind::kRing, def.ring);
+  // The stream kernel instead for about as many sequences as SMs (a block for at least 3/4 of
+  // them), unless the device prefers the ring for rows this long: the look-back reached ~0.55
+  // of torch.add on few-long (H200).
+  const bool ring_preferred = ring && def.ring_over_stream_len > 0 && p.len >= def.ring_over_stream_len;
+  if (!lookback_1024 && plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && stream_ok && !ring_preferred)
+    plan_stream(plan, p, elem_size, stream_default(p, elem_size, dev, def));
+  else if (ring)
+    plan_ring(plan, p, elem_size, dev, def.ring);
+}
+
 // Plans the launch. An explicit request (`req.index >= 0`) that does not apply sets `*error` (the
 // caller raises it, listing applicable_config_names) unless `req.prefer`.
 inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& dev, ConfigRequest req,
@@ -463,36 +527,13 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
       plan_ring(plan, p, elem_size, dev, req.index);
     } else if (req.index >= 0) {
       plan_tile(plan, p, elem_size, dev, req.index, def.tile_lookback, def.tile_walk);
-    } else if (const int whole = whole_row_tile(p, elem_size, dev); whole >= 0) {
-      plan_tile(plan, p, elem_size, dev, whole, def.tile_lookback, def.tile_walk);
     } else {
-      const bool stream_ok = def.stream >= 0 && config_applies(p, elem_size, dev, ScanKind::kStream, def.stream);
-      if (stream_whole_rows(p, elem_size, dev, def, stream_ok)) {
-        plan_stream(plan, p, elem_size, def.stream_short);
-        return plan;
+      plan_innermost(plan, p, elem_size, dev, def);
+      if (small_stream_rows(p, elem_size, dev, plan)) {
+        plan = ScanPlan{};
+        plan.vec_mask = vector_slots(p, elem_size);
+        plan_stream(plan, p, elem_size, kStreamSmall);
       }
-      const bool walk_many = walk_over_lookback(p, elem_size, dev, def, stream_ok);
-      // 1024-step look-back tiles where neither the walk nor the stream kernel suits the rows.
-      // (Not for rows plan_tile walks from fewer rows per SM: walk_min_rows.)
-      const bool walks = walk_many && p.num_seq >= walk_min_rows(p, elem_size, dev);
-      const bool lookback_1024 = backward_lookback_1024(p, elem_size, dev, def, walk_many) ||
-                                 (short_stream_rows(p, elem_size, dev, def, stream_ok) && !walks);
-      const int tile_1024 = elem_size == 4 ? kTile4B8x128 : p.backward ? kTile2B16x64 : kTile2B32x32;
-      plan_tile(plan, p, elem_size, dev, lookback_1024 ? tile_1024 : -1, def.tile_lookback,
-                walk_tile(p, elem_size, dev, def.tile_walk), walk_many);
-      // The ring instead of one block per tile, once its tiles outnumber its blocks (so that a
-      // block's ring has tiles to overlap).
-      const bool ring = !lookback_1024 && plan.num_chunks > 1 && def.ring >= 0 &&
-                        p.num_seq * ceil_div(p.len, ring_config(elem_size, def.ring).tile()) >= 2 * dev.num_sms &&
-                        config_applies(p, elem_size, dev, ScanKind::kRing, def.ring);
-      // The stream kernel instead for about as many sequences as SMs (a block for at least 3/4 of
-      // them), unless the device prefers the ring for rows this long: the look-back reached ~0.55
-      // of torch.add on few-long (H200).
-      const bool ring_preferred = ring && def.ring_over_stream_len > 0 && p.len >= def.ring_over_stream_len;
-      if (!lookback_1024 && plan.num_chunks > 1 && 4 * p.num_seq >= 3 * dev.num_sms && stream_ok && !ring_preferred)
-        plan_stream(plan, p, elem_size, stream_default(p, elem_size, dev, def));
-      else if (ring)
-        plan_ring(plan, p, elem_size, dev, def.ring);
     }
   }
   if ((plan.num_chunks > 1 && plan.kind != ScanKind::kStream) || plan.kind == ScanKind::kRing) {

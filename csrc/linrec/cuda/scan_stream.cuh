@@ -76,9 +76,20 @@ __device__ __forceinline__ void load_staged(const T* region, bool rev, float (&o
   read_chunk<T, E, NT>(region + S::kHalo, rev, out);
 }
 
+// L2 prefetch of walk steps [t0, L) of a sequence at `base` (a partial last tile): one bulk
+// prefetch of its whole 16-byte vectors, from the lowest address (the streamed inputs are
+// vectorizable: that address is 16-byte aligned, plan.h `config_applies`).
+template <typename T>
+__device__ __forceinline__ void prefetch_rest_l2(const T* base, int64_t ls, int64_t L, int64_t t0) {
+  const T* lowest = ls < 0 ? base - (L - 1) : base + t0;
+  const uint32_t bytes = static_cast<uint32_t>((L - t0) * sizeof(T)) & ~15u;
+  if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lowest), "r"(bytes) : "memory");
+}
+
 // Producer side, run by thread 0: stages tile `k` of the sequence (steps t0 = k kTile ..) in a
-// stage with one bulk copy per input, completing on the stage's barrier; a partial last tile
-// is only arrived on (the consumers read it from global memory).
+// stage with one bulk copy per input, completing on the stage's barrier. A partial last tile is
+// only arrived on (the consumers read it from global memory) and its inputs prefetched into L2,
+// so that those reads, issued when its turn comes, do not wait for DRAM.
 template <typename T, int E, int NT, int STAGES, bool kBackward>
 __device__ __forceinline__ void stage_tile(const SeqTensors<T>& s, int64_t L, int64_t t0, T* stage, uint64_t* bar) {
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
@@ -89,7 +100,12 @@ __device__ __forceinline__ void stage_tile(const SeqTensors<T>& s, int64_t L, in
   if (full) bytes = (S::kStreams * S::kTile + (c_halo + y_halo) * S::kVec) * sizeof(T);
   cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
                                        bytes);
-  if (!full) return;
+  if (!full) {
+    prefetch_rest_l2(s.in, s.ls_in, L, t0);
+    prefetch_rest_l2(s.cf, s.ls_c, L, t0);
+    if constexpr (kBackward) prefetch_rest_l2(s.y, s.ls_y, L, t0);
+    return;
+  }
   // Copies walk steps [t0 + w0, t0 + w0 + cnt) of the sequence at `base` into stream `j`'s region.
   auto copy = [&](const T* base, int64_t ls, int j, int w0, int cnt) {
     const bool rev = ls < 0;
