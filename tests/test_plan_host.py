@@ -498,6 +498,18 @@ int main() {
     show(9, 2, true, 500, 10000);    // look-back tiles: kept
     show(9, 2, true, 1000, 1 << 18); // longer than 32768 steps: not
   }
+  // a tuned choice (a preference: tile.e16t128) yields to them where they apply (1000 rows), not elsewhere
+  for (long long rows : {1000, 1100}) {
+    ScanParams p{};
+    p.len = 3000; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows; p.backward = true;
+    alignas(16) static float buf[4];
+    for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = 1; p.bstride[s][0] = 3000; }
+    for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
+    bool inapplicable;
+    const ScanPlan plan = plan_scan(p, 4, DeviceInfo{132, 9, 232448, 37.f}, ConfigRequest{ScanKind::kTile, 3, true},
+                                    &inapplicable);
+    std::printf("9 4 1 %lld 3000 %s\n", rows, config_name(plan.kind, 4, plan.config));
+  }
 }
 """
 
@@ -507,9 +519,10 @@ def test_small_stream_rows_default(tmp_path):
     """Aligned rows of mid length at 2-24 per SM take the small stream config (128 threads, two stages,
     7 blocks per SM) on the H200 only (bf16 500 x 10000 forward 0.61 -> 0.80 of torch.add, float32 1000
     x 3000 backward 0.57 -> 0.89; plan.h's small_stream_rows); outside its measured ranges, and on the
-    H100, the plans stay."""
+    H100, the plans stay. A tuned choice yields to them (the caches predate them)."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "small_stream", _SMALL_STREAM_PROGRAM)]
-    h200, h100 = got[:14], got[14:]
+    h200, h100, tuned = got[:14], got[14:28], got[28:]
+    assert tuned == ["stream.e8t128s2", "tile.e16t128"]
     small = [i for i, name in enumerate(h200) if name.startswith(("stream.e8t128s2", "stream.e16t128s2"))]
     assert small == [0, 6, 9, 11]
     assert [h200[i] for i in small] == ["stream.e8t128s2 5 5", "stream.e16t128s2 5 5", "stream.e8t128s2 3 3",
