@@ -447,11 +447,10 @@ inline bool small_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
       !config_applies(p, elem_size, dev, ScanKind::kStream, kStreamSmall))
     return false;
   const int64_t L = p.len, rows = p.num_seq, sms = dev.num_sms;
-  if (rows < 2 * sms) return false;
-  if (!p.backward && elem_size == 4) return L > 2048 && L <= 8192 && rows > 2 * sms && rows <= 24 * sms;
-  if (!p.backward) return L > 4096 && L <= 32768 && rows > 2 * sms && rows <= 9 * sms;
-  if (elem_size == 4) return L > 2048 && L <= 16384 && rows > 2 * sms && rows < 8 * sms;
-  return L <= 32768 && plan.kind == ScanKind::kStream;
+  if (p.backward && elem_size == 2) return rows >= 2 * sms && L <= 32768 && plan.kind == ScanKind::kStream;
+  if (rows <= 2 * sms) return false;
+  if (p.backward) return L > 2048 && L <= 16384 && rows < 8 * sms;
+  return elem_size == 4 ? L > 2048 && L <= 8192 && rows <= 24 * sms : L > 4096 && L <= 32768 && rows <= 9 * sms;
 }
 
 // The default plan of a problem whose scanned dim is innermost (before small_stream_rows).
