@@ -150,6 +150,15 @@ def test_nested_use_backend_restores(monkeypatch):
 # ----------------------------------------------------------------------------------------------- configs on the CPU
 
 
+def test_config_prefixes():
+    """"prefer:" and "tuned:" (how "auto" passes a native choice on) mark preferences; both keep a
+    Triton name a Triton config (csrc/linrec/ops.cpp's is_triton_config has the same rule)."""
+    from torch_linrec.linrec.ops import is_triton_config
+    assert [is_triton_config(c) for c in ("triton", "triton.t1024", "prefer:triton.t1024", "tuned:triton",
+                                          "cpu.g16", "tuned:cpu.g16", "prefer:tuned:triton", None)] == \
+        [True, True, True, True, False, False, False, False]
+
+
 def test_config_names():
     """The names are stable (the tuned cache stores them): CPU, Triton and every CUDA table."""
     triton = ["triton.t2048", "triton.t1024", "triton.t4096", "triton.t8192"] if HAS_TRITON else []
@@ -185,7 +194,8 @@ def test_explicit_cpu_configs_match_default(reverse):
     y = torch_linrec.scan(*leaves, 1, reverse, backend="native")
     gy = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, gy)
-    names = ["cpu.g16", "native", "prefer:cpu.g16", "prefer:tile.e16t256"]  # a preference that does not apply
+    # a preference that does not apply; "tuned:" is how "auto" passes a native choice on (a preference)
+    names = ["cpu.g16", "native", "prefer:cpu.g16", "prefer:tile.e16t256", "tuned:cpu.g16", "tuned:tile.e16t256"]
     for fwd in names:
         for bwd in [None] + names:
             leaves2 = [t.clone().requires_grad_() for t in (x, c, h0)]

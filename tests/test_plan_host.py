@@ -492,22 +492,26 @@ int main() {
     show(9, 2, false, 500, 10000);   // 3.8 per SM: small stream blocks (H200)
     show(9, 2, false, 1000, 3000);   // at most 4096 steps: not
     show(9, 2, false, 2000, 8192);   // 15 per SM: not
+    show(9, 2, false, 1056, 16384);  // 8 per SM of more than 12288 steps: not
     show(9, 4, true, 1000, 3000);    // small stream blocks (H200)
     show(9, 4, true, 1100, 3000);    // 8.3 per SM (walks): not
     show(9, 2, true, 1056, 8192);    // the default's stream block per row: small ones (H200)
     show(9, 2, true, 500, 10000);    // look-back tiles: kept
     show(9, 2, true, 1000, 1 << 18); // longer than 32768 steps: not
   }
-  // a tuned choice (a preference: tile.e16t128) yields to them where they apply (1000 rows), not elsewhere
-  for (long long rows : {1000, 1100}) {
+  // a tuned choice (tile.e16t128) yields to them where they apply (1000 rows), not elsewhere; a plain
+  // preference runs as named
+  for (long long rows : {1000, 1100, -1000}) {
+    const bool tuned = rows > 0;
+    if (rows < 0) rows = -rows;
     ScanParams p{};
     p.len = 3000; p.num_seq = rows; p.nbatch = 1; p.bsize[0] = rows; p.backward = true;
     alignas(16) static float buf[4];
     for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = 1; p.bstride[s][0] = 3000; }
     for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
     bool inapplicable;
-    const ScanPlan plan = plan_scan(p, 4, DeviceInfo{132, 9, 232448, 37.f}, ConfigRequest{ScanKind::kTile, 3, true},
-                                    &inapplicable);
+    const ScanPlan plan =
+        plan_scan(p, 4, DeviceInfo{132, 9, 232448, 37.f}, ConfigRequest{ScanKind::kTile, 3, true, tuned}, &inapplicable);
     std::printf("9 4 1 %lld 3000 %s\n", rows, config_name(plan.kind, 4, plan.config));
   }
 }
@@ -516,19 +520,21 @@ int main() {
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 def test_small_stream_rows_default(tmp_path):
-    """Aligned rows of mid length at 2-24 per SM take the small stream config (128 threads, two stages,
-    7 blocks per SM) on the H200 only (bf16 500 x 10000 forward 0.61 -> 0.80 of torch.add, float32 1000
-    x 3000 backward 0.57 -> 0.89; plan.h's small_stream_rows); outside its measured ranges, and on the
-    H100, the plans stay. A tuned choice yields to them (the caches predate them)."""
+    """Aligned rows of mid length take the small stream config (128 threads, two stages, 7 blocks per
+    SM) on the H200 only: the 4-byte forward at 2-24 rows per SM, the 2-byte forward at 2-9 (4 beyond
+    12288 steps), the 4-byte backward at 2-8, the 2-byte backward where the default takes a stream
+    block per row (bf16 500 x 10000 forward 0.61 -> 0.80 of torch.add, float32 1000 x 3000 backward
+    0.57 -> 0.89; plan.h's small_stream_rows); outside those ranges, and on the H100, the plans stay.
+    A tuned choice yields to them (the caches predate them); a config preferred by name does not."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "small_stream", _SMALL_STREAM_PROGRAM)]
-    h200, h100, tuned = got[:14], got[14:28], got[28:]
-    assert tuned == ["stream.e8t128s2", "tile.e16t128"]
+    h200, h100, tuned = got[:15], got[15:30], got[30:]
+    assert tuned == ["stream.e8t128s2", "tile.e16t128", "tile.e16t128"]
     small = [i for i, name in enumerate(h200) if name.startswith(("stream.e8t128s2", "stream.e16t128s2"))]
-    assert small == [0, 6, 9, 11]
+    assert small == [0, 6, 10, 12]
     assert [h200[i] for i in small] == ["stream.e8t128s2 5 5", "stream.e16t128s2 5 5", "stream.e8t128s2 3 3",
                                         "stream.e16t128s2 4 4"]
     assert not any("t128s2" in name for name in h100)
-    assert h200[5] == "tile.e16t256 1 1" and h200[12] == "tile.e16t64 10 1"
+    assert h200[5] == "tile.e16t256 1 1" and h200[13] == "tile.e16t64 10 1"
 
 _WHOLE_ROW_TILE_PROGRAM = _SHOW + r"""
 int main() {

@@ -89,10 +89,15 @@ static void check(const ScanParams& p, int elem, const DeviceInfo& dev, const ch
       }
       const ScanPlan preferred = plan_scan(p, elem, dev, ConfigRequest{kind, i, true}, &flag);
       CHECK(!flag, "%s: a preference reported inapplicable", what);
-      const bool yields = preferred.kind == plan.kind && preferred.config == plan.config &&
-                          (!applies || (plan.kind == ScanKind::kStream && plan.config == kStreamSmall));
-      CHECK((applies && preferred.kind == kind && preferred.config == i) || yields, "%s: preferring %s ran %s", what,
+      const bool as_default = preferred.kind == plan.kind && preferred.config == plan.config;
+      CHECK(applies ? preferred.kind == kind && preferred.config == i : as_default, "%s: preferring %s ran %s", what,
             config_name(kind, elem, i), name_of(preferred, elem));
+      const ScanPlan tuned = plan_scan(p, elem, dev, ConfigRequest{kind, i, true, true}, &flag);
+      const bool small = plan.kind == ScanKind::kStream && plan.config == kStreamSmall;
+      const bool ran = applies && !small ? tuned.kind == kind && tuned.config == i
+                                         : tuned.kind == plan.kind && tuned.config == plan.config;
+      CHECK(!flag && ran, "%s: a tuned %s ran %s (default %s)", what, config_name(kind, elem, i),
+            name_of(tuned, elem), name_of(plan, elem));
     }
 }
 
@@ -136,7 +141,8 @@ def test_plan_invariants(tmp_path):
     reversed and off-grid rows, lengths 1 to 2^18, 1 to 20000 rows and (B, L, D) layouts: the
     default plan applies, covers every step, has a workspace exactly when it chains look-back and
     none under deterministic algorithms; every config by name runs as named or is reported
-    inapplicable; a preference runs as named or yields to the default."""
+    inapplicable; a preference runs as named where it applies, else the default; a tuned choice
+    likewise, except that it yields to the default's small stream blocks."""
     lines = _run_program(tmp_path, "invariants", _INVARIANTS_PROGRAM)
     assert lines[-1].startswith("planned ") and lines[-1].endswith("violations 0"), "\n".join(lines[:40])
     assert int(lines[-1].split()[1].rstrip(",")) > 5000

@@ -15,11 +15,13 @@
 
 namespace linrec {
 
-std::string strip_prefer(c10::string_view config, bool* prefer) {
+std::string strip_prefer(c10::string_view config, bool* prefer, bool* tuned) {
   const std::string s(config.data(), config.size());
-  const std::string p(kPreferPrefix);
-  *prefer = s.compare(0, p.size(), p) == 0;
-  return *prefer ? s.substr(p.size()) : s;
+  const std::string p(kPreferPrefix), t(kTunedPrefix);
+  const bool is_tuned = s.compare(0, t.size(), t) == 0;
+  if (tuned) *tuned = is_tuned;
+  *prefer = is_tuned || s.compare(0, p.size(), p) == 0;
+  return is_tuned ? s.substr(t.size()) : *prefer ? s.substr(p.size()) : s;
 }
 
 bool is_triton_config(const OptConfig& config) {
@@ -117,7 +119,8 @@ const char* dtype_name(at::ScalarType t) {
 }
 
 // Config "auto": the tuned cache's choice for the call's bucket (tuned.h) as a preference, so that
-// a bucket's choice that does not apply to this call's exact layout runs the default; nullopt
+// a bucket's choice that does not apply to this call's exact layout runs the default ("prefer:"
+// for a Triton choice, "tuned:" for a native one: see kTunedPrefix); nullopt
 // (the default) without an entry or where it does not apply at this length and direction. `ref` is x (forward)
 // or y (backward).
 std::optional<std::string> resolve_auto(bool backward, const Tensor& ref, const Tensor& coeffs, int64_t d,
@@ -131,7 +134,8 @@ std::optional<std::string> resolve_auto(bool backward, const Tensor& ref, const 
                            bucket_key("scan", backward ? "bwd" : "fwd", dtype_name(ref.scalar_type()), layout, length, rows),
                            length, reverse, initial);
   if (!name) return std::nullopt;
-  return std::string(kPreferPrefix) + *name;
+  const bool triton = *name == kTritonDefault || name->rfind(kTritonConfigPrefix, 0) == 0;
+  return std::string(triton ? kPreferPrefix : kTunedPrefix) + *name;
 }
 
 bool is_auto(const OptConfig& config) { return config.has_value() && *config == kAutoConfig; }

@@ -27,14 +27,18 @@ using ScanLauncher = void (*)(const ScanParams& params, at::ScalarType dtype, co
 // the native ops reject and the autograd of linrec::scan hands to the Triton backward; a name
 // behind "prefer:" is a preference: where it does not apply, the default runs. "auto" (tuned.h)
 // runs the tuned cache's choice for the call's bucket on its device, which may be a Triton config
-// (the native op then runs it through linrec::_scan_triton_eager, below), else the default.
+// (the native op then runs it through linrec::_scan_triton_eager, below), else the default; a
+// native choice goes to the launcher behind "tuned:", a preference that also yields to the
+// planner's rules newer than the shipped caches (CUDA: plan.h's small stream blocks).
 constexpr const char* kNativeDefault = "native";
 constexpr const char* kTritonDefault = "triton";
 constexpr const char* kTritonConfigPrefix = "triton.";
 constexpr const char* kPreferPrefix = "prefer:";
+constexpr const char* kTunedPrefix = "tuned:";
 
-// `config` without a "prefer:" prefix, and whether it had one.
-std::string strip_prefer(c10::string_view config, bool* prefer);
+// `config` without a "prefer:" or "tuned:" prefix; whether it had one (either: a preference), and
+// (`tuned`, when given) whether it was "tuned:".
+std::string strip_prefer(c10::string_view config, bool* prefer, bool* tuned = nullptr);
 // Whether `config` (after any "prefer:") names a Triton config.
 bool is_triton_config(const OptConfig& config);
 

@@ -21,22 +21,24 @@ from .functorch import register_functorch
 from .reference import scan_backward_ref
 
 __all__ = ["fake_scan", "fake_scan_backward", "register_scan_autograd", "is_triton_config", "NATIVE", "TRITON", "AUTO",
-           "TRITON_PREFIX", "PREFER_PREFIX"]
+           "TRITON_PREFIX", "PREFER_PREFIX", "TUNED_PREFIX"]
 
 # Config names (csrc/linrec/ops.h has the same rules): "native" and "triton" name each backend's
 # default config, "triton.<...>" the Triton configs, "<template>.<...>" the native ones; a name
 # behind "prefer:" is a preference (the backend's default runs where it does not apply); "auto" asks
-# the native ops for the tuned cache's choice (csrc/linrec/tuned.h).
+# the native ops for the tuned cache's choice (csrc/linrec/tuned.h), which they pass on behind
+# "tuned:" (a preference that also yields to the CUDA planner's newer rules) for a native config.
 NATIVE, TRITON, AUTO = "native", "triton", "auto"
 TRITON_PREFIX = "triton."
 PREFER_PREFIX = "prefer:"
+TUNED_PREFIX = "tuned:"
 
 
 def is_triton_config(config: str | None) -> bool:
-    """Whether ``config`` (after any ``"prefer:"``) names a Triton config."""
+    """Whether ``config`` (after any ``"prefer:"`` or ``"tuned:"``) names a Triton config."""
     if config is None:
         return False
-    name = config.removeprefix(PREFER_PREFIX)
+    name = config.removeprefix(TUNED_PREFIX) if config.startswith(TUNED_PREFIX) else config.removeprefix(PREFER_PREFIX)
     return name == TRITON or name.startswith(TRITON_PREFIX)
 
 

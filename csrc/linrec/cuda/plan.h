@@ -24,11 +24,13 @@ struct DeviceInfo {
 
 // A config named by the caller: `kind` and `index` into its table; `index` -1: the default.
 // `prefer`: where the config does not apply to this problem, plan the default instead of failing
-// (the tuned cache's choices, made per problem bucket, use this).
+// (the tuned cache's choices, made per problem bucket, use this). `tuned` (with `prefer`): a tuned
+// cache's choice, which also yields to the small stream blocks (plan_scan).
 struct ConfigRequest {
   ScanKind kind = ScanKind::kTile;
   int index = -1;
   bool prefer = false;
+  bool tuned = false;
 };
 
 // Resident threads per SM the plans assume (2048 on every GPU since Volta at full occupancy).
@@ -427,30 +429,35 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 }
 
 // The small stream config (configs.h: 128 threads, two stages of 2048 2-byte or 1024 4-byte steps,
-// 24 KB of shared memory in the forward: 7 blocks per SM) for aligned rows of mid length, 2 to 24
-// per SM, on the H200 (DRAM above kFastDramGbpsPerSm per SM; the H100 was not measured): there one
-// wave of these blocks holds every row with its loads in flight, where the defaults' larger stream
-// blocks (2 per SM), look-back tiles or walks leave part of it idle. H200, ratio to torch.add,
-// default -> small stream (bench/NOTES.md item 79):
+// 24 KB of shared memory in the forward: 7 blocks per SM) for aligned rows of mid length at 2 to 24
+// per SM, on Hopper GPUs whose DRAM gives each SM more than kFastDramGbpsPerSm (measured on the
+// H200 only; the H100 keeps its plans): one wave of these blocks holds every row with its loads in
+// flight, where the defaults' larger stream blocks (2 per SM), look-back tiles or walks leave part
+// of it idle. H200, ratio to torch.add, default -> small stream (bench/NOTES.md item 79):
 // - forward 4-byte, 2048 < L <= 8192, 2 to 24 rows per SM: float32 1000 x 4608 0.69 -> 0.91, 600 x
 //   8000 0.71 -> 0.88, 300 x 5000 0.64 -> 0.78, 2000 x 6000 0.86 -> 0.92, 528 x 3072 level; at one
 //   or two rows per SM, or longer rows from 16 per SM, it loses (132 x 8192 0.75 -> 0.63);
-// - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM: bf16 500 x 10000 0.61 -> 0.80, 528 x
-//   16384 0.77 -> 0.94, 1056 x 8192 0.69 -> 0.82; not shorter rows (bf16 1000 x 3000 0.80 -> 0.61);
+// - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM (to 4 beyond 12288 steps): bf16 500 x
+//   10000 0.61 -> 0.80, 1056 x 8192 0.69 -> 0.82, 528 x 16384 0.77 -> 0.94; not shorter rows (bf16
+//   1000 x 3000 0.80 -> 0.61), nor 1056 x 16384 (0.82 -> 0.74);
 // - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk):
 //   float32 1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;
 // - backward 2-byte, L <= 32768, where the default takes a stream block per row, from 2 rows per
 //   SM: bf16 1056 x 8192 0.55 -> 0.81, 2112 x 16384 0.57 -> 0.81, 528 x 32768 0.73 -> 0.79; the
 //   look-back tiles and walks it takes elsewhere stay ahead (bf16 500 x 10000 0.75 against 0.66).
+inline bool small_stream_device(const DeviceInfo& dev) {
+  return dev.cc_major == 9 && dev.dram_gbps_per_sm > kFastDramGbpsPerSm;
+}
 inline bool small_stream_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanPlan& plan) {
-  if (dev.cc_major < 9 || dev.dram_gbps_per_sm <= kFastDramGbpsPerSm || whole_row_tile(p, elem_size, dev) >= 0 ||
+  if (!small_stream_device(dev) || whole_row_tile(p, elem_size, dev) >= 0 ||
       !config_applies(p, elem_size, dev, ScanKind::kStream, kStreamSmall))
     return false;
   const int64_t L = p.len, rows = p.num_seq, sms = dev.num_sms;
   if (p.backward && elem_size == 2) return rows >= 2 * sms && L <= 32768 && plan.kind == ScanKind::kStream;
   if (rows <= 2 * sms) return false;
   if (p.backward) return L > 2048 && L <= 16384 && rows < 8 * sms;
-  return elem_size == 4 ? L > 2048 && L <= 8192 && rows <= 24 * sms : L > 4096 && L <= 32768 && rows <= 9 * sms;
+  if (elem_size == 4) return L > 2048 && L <= 8192 && rows <= 24 * sms;
+  return L > 4096 && L <= 32768 && rows <= (L > 12288 ? 4 : 9) * sms;
 }
 
 // The default plan of a problem whose scanned dim is innermost (before small_stream_rows).
@@ -503,10 +510,12 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     req.index = -1;
   }
   const bool channel = is_channel_layout(p);
-  // A tuned choice yields to the small stream blocks where they apply: the shipped caches were
-  // tuned before them (H200 float32 1000 x 3000 forward+backward, CUDA graph: 0.037 ms by
-  // default against 0.049 with the cache's tile.e16t128 backward; bench/NOTES.md item 79).
-  if (req.prefer && req.index >= 0 && !channel) {
+  // A tuned choice ("auto") yields to the small stream blocks where they apply: the shipped caches
+  // were tuned before them (H200 float32 1000 x 3000 forward+backward, CUDA graph: 0.037 ms by
+  // default against 0.049 with the cache's tile.e16t128 backward; bench/NOTES.md item 79). A
+  // config the caller names, or prefers, runs as named.
+  if (req.tuned && req.index >= 0 && !channel && small_stream_device(dev) &&
+      config_applies(p, elem_size, dev, ScanKind::kStream, kStreamSmall)) {
     const ScanPlan by_default = plan_scan(p, elem_size, dev, ConfigRequest{}, inapplicable);
     if (by_default.kind == ScanKind::kStream && by_default.config == kStreamSmall) return by_default;
   }

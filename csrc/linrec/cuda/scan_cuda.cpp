@@ -75,7 +75,7 @@ std::string all_config_names(int elem_size) {
 ConfigRequest parse_config(const OptConfig& config, int elem_size) {
   ConfigRequest req;
   if (!config.has_value()) return req;
-  const std::string name = strip_prefer(*config, &req.prefer);
+  const std::string name = strip_prefer(*config, &req.prefer, &req.tuned);
   if (name == kNativeDefault) return ConfigRequest{};
   for (ScanKind kind : kAllKinds)
     for (int i = 0; i < num_configs(kind); ++i)
