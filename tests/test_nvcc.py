@@ -7,7 +7,8 @@ kernels theirs.
 
 CI (2 cores) compiles two of the six sources, which between them cover both directions and both
 element sizes: scan_float32_fwd.cu and scan_bfloat16_bwd.cu (the 2-byte backward needs the most
-registers). The test marked ``cuda`` compiles all six, on the GPU machine's cores.
+registers). The test marked ``cuda`` compiles all six, on the GPU machine's cores. The CUDA
+build's C++ launchers, which a CPU build never compiles, get a syntax check against torch's headers.
 """
 import os
 import re
@@ -134,3 +135,55 @@ def test_selective_kernels_compile(tmp_path):
     assert len([name for name, _, _ in usage if "kernel" in name]) >= 19, log
     for name, _frame, spill in usage:
         assert int(spill) <= _selective_spill_allowed(name), f"{name} spills {spill} bytes:\n{log}"
+
+
+# ----------------------------------------------------------------------------------------------- host launchers
+# The C++ sources that only a CUDA build compiles (the launchers, and code behind LINREC_WITH_CUDA):
+# CI builds the CPU extension, so an error there would first show on a GPU machine. The CPU wheel
+# ships torch's CUDA headers; they include cuBLAS / cuSPARSE / cuSOLVER headers that a bare nvcc
+# install may lack, for handle and status types the launchers never use: stubbed here.
+CUDA_HOST_SOURCES = sorted(ROOT.glob("csrc/*/cuda/*.cpp")) + [ROOT / "csrc" / "selective" / "ops.cpp"]
+_STUB_HEADERS = {
+    "cublas_v2.h": "typedef struct cublasContext* cublasHandle_t;\ntypedef int cublasStatus_t;\n",
+    "cublasLt.h": "typedef struct cublasLtContext* cublasLtHandle_t;\ntypedef int cublasStatus_t;\n",
+    "cusparse.h": "typedef struct cusparseContext* cusparseHandle_t;\ntypedef int cusparseStatus_t;\n",
+    "cusolverDn.h": "typedef struct cusolverDnContext* cusolverDnHandle_t;\n",
+    "cusolver_common.h": "typedef int cusolverStatus_t;\n",
+    "c10/cuda/impl/cuda_cmake_macros.h": "#pragma once\n",
+}
+
+
+def _cuda_include() -> Path | None:
+    """The CUDA toolkit's include dir (cuda_runtime_api.h) next to nvcc, or None."""
+    roots = [Path(os.environ["CUDA_HOME"])] if "CUDA_HOME" in os.environ else []
+    if NVCC:
+        roots.append(Path(NVCC).resolve().parents[1])
+    roots.append(Path("/usr/local/cuda"))
+    return next((r / "include" for r in roots if (r / "include" / "cuda_runtime_api.h").exists()), None)
+
+
+@requires_nvcc
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+def test_cuda_host_sources_syntax(tmp_path):
+    """The CUDA build's C++ sources parse against torch's headers (g++ -fsyntax-only, LINREC_WITH_CUDA)."""
+    import sysconfig
+    from torch.utils.cpp_extension import include_paths
+
+    cuda_include = _cuda_include()
+    if cuda_include is None:
+        pytest.skip("no CUDA toolkit headers next to nvcc")
+    assert [s.name for s in CUDA_HOST_SOURCES] == ["scan_cuda.cpp", "selective_scan_cuda.cpp", "ops.cpp"]
+    for name, text in _STUB_HEADERS.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    flags = ["-std=c++17", "-fsyntax-only", "-DLINREC_WITH_CUDA=1", "-DTORCH_EXTENSION_NAME=_C",
+             "-DTORCH_API_INCLUDE_EXTENSION_H", f"-I{tmp_path}", *(f"-I{p}" for p in include_paths()),
+             f"-I{cuda_include}", f"-I{sysconfig.get_paths()['include']}", f"-I{ROOT / 'csrc'}"]
+
+    def check(src: Path) -> str:
+        proc = subprocess.run([shutil.which("c++"), *flags, str(src)], capture_output=True, text=True)
+        return "" if proc.returncode == 0 else f"{src.relative_to(ROOT)}:\n{proc.stderr[-4000:]}"
+
+    with ThreadPoolExecutor(max_workers=min(len(CUDA_HOST_SOURCES), os.cpu_count() or 2)) as pool:
+        errors = [e for e in pool.map(check, CUDA_HOST_SOURCES) if e]
+    assert not errors, "\n".join(errors)
