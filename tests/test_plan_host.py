@@ -524,7 +524,8 @@ def test_small_stream_rows_default(tmp_path):
     SM) on the H200 only: the 4-byte forward at 2-24 rows per SM, the 2-byte forward at 2-9 (4 beyond
     12288 steps), the 4-byte backward at 2-8, the 2-byte backward where the default takes a stream
     block per row (bf16 500 x 10000 forward 0.61 -> 0.80 of torch.add, float32 1000 x 3000 backward
-    0.57 -> 0.89; plan.h's small_stream_rows); outside those ranges, and on the H100, the plans stay.
+    0.57 -> 0.89; plan.h's small_stream_rows; to 16 rows per SM, as measured); outside those ranges,
+    and on the H100, the plans stay.
     A tuned choice yields to them (the caches predate them); a config preferred by name does not."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "small_stream", _SMALL_STREAM_PROGRAM)]
     h200, h100, tuned = got[:15], got[15:30], got[30:]

@@ -442,7 +442,7 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 //   1000 x 3000 0.80 -> 0.61), nor 1056 x 16384 (0.82 -> 0.74);
 // - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk):
 //   float32 1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;
-// - backward 2-byte, L <= 32768, where the default takes a stream block per row, from 2 rows per
+// - backward 2-byte, L <= 32768, where the default takes a stream block per row, 2 to 16 rows per
 //   SM: bf16 1056 x 8192 0.55 -> 0.81, 2112 x 16384 0.57 -> 0.81, 528 x 32768 0.73 -> 0.79; the
 //   look-back tiles and walks it takes elsewhere stay ahead (bf16 500 x 10000 0.75 against 0.66).
 inline bool small_stream_device(const DeviceInfo& dev) {
@@ -453,7 +453,8 @@ inline bool small_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
       !config_applies(p, elem_size, dev, ScanKind::kStream, kStreamSmall))
     return false;
   const int64_t L = p.len, rows = p.num_seq, sms = dev.num_sms;
-  if (p.backward && elem_size == 2) return rows >= 2 * sms && L <= 32768 && plan.kind == ScanKind::kStream;
+  if (p.backward && elem_size == 2)
+    return rows >= 2 * sms && rows <= 16 * sms && L <= 32768 && plan.kind == ScanKind::kStream;
   if (rows <= 2 * sms) return false;
   if (p.backward) return L > 2048 && L <= 16384 && rows < 8 * sms;
   if (elem_size == 4) return L > 2048 && L <= 8192 && rows <= 24 * sms;
