@@ -361,6 +361,37 @@ LINREC_AVX2 inline __m256 masked_steps(const WalkIn<S, T>& in, int64_t u, __m256
   return _mm256_blendv_ps(_mm256_set1_ps(idle), v, _mm256_castsi256_ps(mask));
 }
 
+// float16's steps of `in` in walk lanes [lo, hi) of the vector of walk steps u .. u+7, `idle` in the
+// others, no memory touched outside those steps: their bits copied into a 16-byte buffer, then one
+// F16C conversion (AVX2 has no 16-bit masked load; step by step, each a software conversion, an fp16
+// row of 12 steps ran its backward 1.5x slower; bench/NOTES.md item 79. bfloat16's per-step
+// conversion is a shift: a buffer made its forward no faster).
+template <int S>
+LINREC_AVX2_INLINE inline __m256 half_steps(const WalkIn<S, c10::Half>& in, int64_t u, int lo, int hi, float idle) {
+  const __m256i mask = _mm256_andnot_si256(step_lanes<S>(lo), step_lanes<S>(hi));
+  __m256 v;
+  if (in.constant) {
+    v = _mm256_set1_ps(static_cast<float>(*in.p));
+  } else {
+    alignas(16) uint16_t buf[8] = {};
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(in.p + Walk<S>::at(u));
+    for (int j = S > 0 ? lo : 8 - hi, end = S > 0 ? hi : 8 - lo; j < end; ++j) buf[j] = src[j];  // memory order
+    v = load8(reinterpret_cast<const c10::Half*>(buf));
+  }
+  return _mm256_blendv_ps(_mm256_set1_ps(idle), v, _mm256_castsi256_ps(mask));
+}
+
+// Walk lanes [0, m) of v to float16 steps u .. u+m-1 of `out` (no other memory written): one F16C
+// conversion into a buffer, then those steps' bits.
+template <int S>
+LINREC_AVX2_INLINE inline void half_store(c10::Half* out, int64_t u, int m, __m256 v) {
+  alignas(16) c10::Half buf[8];
+  store8(buf, v);
+  uint16_t* dst = reinterpret_cast<uint16_t*>(out + Walk<S>::at(u));
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(buf);
+  for (int j = S > 0 ? 0 : 8 - m, end = S > 0 ? m : 8; j < end; ++j) dst[j] = bits[j];
+}
+
 // Forward over steps [t0, t1) of one sequence: y points at its step 0. kProd: a chunk summary
 // (prod_io), nothing written; a template flag, so that the plain scan's loop tests nothing per
 // vector (with a run-time test the compiler kept the state and the loop counter on the stack).
@@ -392,6 +423,14 @@ LINREC_AVX2 void walk_forward(WalkIn<S, T> c, WalkIn<S, T> x, T* y, int64_t t0, 
       const __m256i mask = step_lanes<S>(static_cast<int>(t1 - u));
       const __m256 v = W::step(masked_steps(c, u, mask, 1.f), masked_steps(x, u, mask, 0.f), h, pp);
       if (!kProd) _mm256_maskstore_ps(reinterpret_cast<float*>(y) + W::at(u), mask, v);
+      u = t1;
+    }
+  }
+  if constexpr (std::is_same_v<T, c10::Half>) {
+    if (u < t1) {  // float16's last m < 8 steps through a 16-byte buffer (half_steps)
+      const int m = static_cast<int>(t1 - u);
+      const __m256 v = W::step(half_steps(c, u, 0, m, 1.f), half_steps(x, u, 0, m, 0.f), h, pp);
+      if (!kProd) half_store<S>(y, u, m, v);
       u = t1;
     }
   }
@@ -434,6 +473,16 @@ LINREC_AVX2 void walk_backward_partial(WalkIn<S, T> c, WalkIn<S, T> dy, WalkIn<S
                             _mm256_castsi256_ps(_mm256_andnot_si256(step_lanes<S>(with_next), mm)));
     _mm256_maskstore_ps(reinterpret_cast<float*>(dx) + W::at(u), mm, g);
     _mm256_maskstore_ps(reinterpret_cast<float*>(dc) + W::at(u), mm, _mm256_mul_ps(g, yv));
+    return;
+  }
+  if constexpr (std::is_same_v<T, c10::Half>) {  // float16 through 16-byte buffers (half_steps), the same lanes
+    __m256 cv = half_steps(c, u - 1, u > 0 ? 0 : 1, m, 1.f);
+    if (u == 0) cv = _mm256_blendv_ps(cv, _mm256_setzero_ps(), _mm256_castsi256_ps(step_lanes<S>(1)));
+    const __m256 g = W::step(cv, half_steps(dy, u, 0, m, 0.f), h, prod);
+    if (prod) return;
+    const int with_next = static_cast<int>(L - 1 - u < m ? L - 1 - u : m);  // steps whose t + 1 < L
+    half_store<S>(dx, u, m, g);
+    half_store<S>(dc, u, m, _mm256_mul_ps(g, half_steps(y, u + 1, 0, with_next, init)));
     return;
   }
   alignas(32) float cb[8], gb[8], yb[8];

@@ -174,13 +174,17 @@ bool uses_slot(const ScanParams& p, int slot) {
 // Walk path: every used slot has step stride S (+1 or -1), or 0 for an input constant along L.
 
 // Whether the walk takes its sequences two at a time (avx2::Walk::pair_step): when none is split
-// along L and the pairs still give every thread one (else a thread would idle for a 1.4x faster
-// kernel; the bits are the same either way). float32's backward walks them one at a time: its pair kernel, 12
-// 16-byte loads per 8 steps against the lone walk's 3 of 32 bytes, measured 1.1-1.5x slower
-// (bench/NOTES.md item 61), where the 2-byte types' pair kernels are faster.
+// along L, the pairs still give every thread one (else a thread would idle for a 1.4x faster
+// kernel; the bits are the same either way) and a backward row has steps to pair. float32's
+// backward walks them one at a time: its pair kernel, 12 16-byte loads per 8 steps against the
+// lone walk's 3 of 32 bytes, measured 1.1-1.5x slower (bench/NOTES.md item 61), where the 2-byte
+// types' pair kernels are faster.
 template <typename T>
 bool pair_walk(const ScanParams& p) {
   if (p.backward && std::is_same_v<T, float>) return false;
+  // The backward pairs the steps after the first 8 and before the last partial vector: rows with
+  // none to pair walk one at a time, one call each, not two (bf16 (N, 16) 1.4x faster; item 79).
+  if (p.backward && p.len < 9 + avx2::kPairSteps<T>) return false;
   const int64_t threads = at::get_num_threads();
   return p.num_seq >= 2 && (threads == 1 || (p.num_seq + 1) / 2 >= threads) &&
          split_chunks(p.num_seq, 1, p.len) == 1;
