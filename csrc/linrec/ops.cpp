@@ -134,8 +134,7 @@ std::optional<std::string> resolve_auto(bool backward, const Tensor& ref, const 
                            bucket_key("scan", backward ? "bwd" : "fwd", dtype_name(ref.scalar_type()), layout, length, rows),
                            length, reverse, initial);
   if (!name) return std::nullopt;
-  const bool triton = *name == kTritonDefault || name->rfind(kTritonConfigPrefix, 0) == 0;
-  return std::string(triton ? kPreferPrefix : kTunedPrefix) + *name;
+  return std::string(is_triton_config(*name) ? kPreferPrefix : kTunedPrefix) + *name;
 }
 
 bool is_auto(const OptConfig& config) { return config.has_value() && *config == kAutoConfig; }
