@@ -376,6 +376,24 @@ def test_channel_kernel_pipe_prefetch(reverse, dtype):
             check_against_cpu_kernel(x, c[0, 0].contiguous(), h0, 1, reverse, dtype, name, name)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reverse", REVERSE)
+def test_channel_kernel_long_lookback(reverse, dtype):
+    """Every channel config where its blocks chain look-back over many chunks (too few channel blocks
+    to walk L): 71-283 chunks per sequence, each look-back reading several predecessors per round
+    trip; partial channel blocks, a last span of one step, an initial state; broadcast coeffs
+    (float32: the backward adds their gradient into a buffer)."""
+    g = torch.Generator(device="cuda").manual_seed(12)
+    x = torch.randn(2, 9025, 320, generator=g, device="cuda").to(dtype)  # 2.5-20 blocks of 32-256 channels
+    c = torch.empty_like(x, dtype=torch.float32).uniform_(0.5, 0.95, generator=g).to(dtype)
+    h0 = torch.randn(2, 320, generator=g, device="cuda").to(dtype)
+    applied = check_configs(x, c, h0, 1, reverse, dtype, _names("channel", _elem_size(dtype)))
+    assert all(fwd and bwd for fwd, bwd in applied.values()), applied
+    if dtype == torch.float32:
+        applied = check_configs(x, c[0, 0].contiguous(), None, 1, reverse, dtype, _names("channel", 4))
+        assert all(fwd and bwd for fwd, bwd in applied.values()), applied
+
+
 @pytest.mark.parametrize("coeffs_shape", [(64,), (2, 1, 64), (1, 1000, 1)], ids=["D", "B1D", "1L1"])
 @pytest.mark.parametrize("reverse", REVERSE)
 def test_channel_kernel_broadcast_coeffs(coeffs_shape, reverse):

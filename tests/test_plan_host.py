@@ -493,6 +493,8 @@ int main() {
     show(9, 2, false, 1000, 3000);   // at most 4096 steps: not
     show(9, 2, false, 2000, 8192);   // 15 per SM: not
     show(9, 2, false, 1056, 16384);  // 8 per SM of more than 12288 steps: not
+    show(9, 2, false, 2000, 10000);  // 15 per SM of 8193-16384 steps: small stream blocks (H200)
+    show(9, 2, false, 2000, 16392);  // 15 per SM of more than 16384 steps: not
     show(9, 4, true, 1000, 3000);    // small stream blocks (H200)
     show(9, 4, true, 1100, 3000);    // 8.3 per SM (walks): not
     show(9, 2, true, 1056, 8192);    // the default's stream block per row: small ones (H200)
@@ -522,20 +524,20 @@ int main() {
 def test_small_stream_rows_default(tmp_path):
     """Aligned rows of mid length take the small stream config (128 threads, two stages, 7 blocks per
     SM) on the H200 only: the 4-byte forward at 2-24 rows per SM, the 2-byte forward at 2-9 (4 beyond
-    12288 steps), the 4-byte backward at 2-8, the 2-byte backward where the default takes a stream
+    12288 steps) and of 8193-16384 steps from 9 on, the 4-byte backward at 2-8, the 2-byte backward where the default takes a stream
     block per row (bf16 500 x 10000 forward 0.61 -> 0.80 of torch.add, float32 1000 x 3000 backward
     0.57 -> 0.89; plan.h's small_stream_rows; to 16 rows per SM, as measured); outside those ranges,
     and on the H100, the plans stay.
     A tuned choice yields to them (the caches predate them); a config preferred by name does not."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "small_stream", _SMALL_STREAM_PROGRAM)]
-    h200, h100, tuned = got[:15], got[15:30], got[30:]
+    h200, h100, tuned = got[:17], got[17:34], got[34:]
     assert tuned == ["stream.e8t128s2", "tile.e16t128", "tile.e16t128"]
     small = [i for i, name in enumerate(h200) if name.startswith(("stream.e8t128s2", "stream.e16t128s2"))]
-    assert small == [0, 6, 10, 12]
-    assert [h200[i] for i in small] == ["stream.e8t128s2 5 5", "stream.e16t128s2 5 5", "stream.e8t128s2 3 3",
-                                        "stream.e16t128s2 4 4"]
+    assert small == [0, 6, 10, 12, 14]
+    assert [h200[i] for i in small] == ["stream.e8t128s2 5 5", "stream.e16t128s2 5 5", "stream.e16t128s2 5 5",
+                                        "stream.e8t128s2 3 3", "stream.e16t128s2 4 4"]
     assert not any("t128s2" in name for name in h100)
-    assert h200[5] == "tile.e16t256 1 1" and h200[13] == "tile.e16t64 10 1"
+    assert h200[5] == "tile.e16t256 1 1" and h200[15] == "tile.e16t64 10 1"
 
 _WHOLE_ROW_TILE_PROGRAM = _SHOW + r"""
 int main() {

@@ -69,6 +69,13 @@ static void check(const ScanParams& p, int elem, const DeviceInfo& dev, const ch
     CHECK(plan.grid == p.num_seq, "%s: stream grid", what);
   } else if (plan.kind == ScanKind::kRing) {
     CHECK(plan.grid <= int64_t(dev.num_sms) * ring_config(elem, plan.config).blocks, "%s: ring grid", what);
+  } else {
+    const ChannelConfig cfg = channel_config(elem, plan.config);
+    const int64_t items = ceil_div(p.num_seq, cfg.channels()) * plan.num_chunks;  // a block each
+    CHECK(plan.num_chunks * plan.per_chunk * cfg.span() >= p.len, "%s: %s covers %lld x %lld spans", what,
+          name_of(plan, elem), (long long)plan.num_chunks, (long long)plan.per_chunk);
+    CHECK(plan.num_chunks == 1 || plan.per_chunk == 1, "%s: look-back blocks walk several spans", what);
+    CHECK(plan.grid == items, "%s: channel grid %lld of %lld items", what, (long long)plan.grid, (long long)items);
   }
   const bool lookback = (plan.num_chunks > 1 && plan.kind != ScanKind::kStream) || plan.kind == ScanKind::kRing;
   CHECK(lookback == (plan.workspace_bytes > 0), "%s: workspace %zu", what, plan.workspace_bytes);

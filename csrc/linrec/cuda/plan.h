@@ -439,7 +439,9 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 //   or two rows per SM, or longer rows from 16 per SM, it loses (132 x 8192 0.75 -> 0.63);
 // - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM (to 4 beyond 12288 steps): bf16 500 x
 //   10000 0.61 -> 0.80, 1056 x 8192 0.69 -> 0.82, 528 x 16384 0.77 -> 0.94; not shorter rows (bf16
-//   1000 x 3000 0.80 -> 0.61), nor 1056 x 16384 (0.82 -> 0.74);
+//   1000 x 3000 0.80 -> 0.61), nor 1056 x 16384 (0.82 -> 0.74); and 8192 < L <= 16384 from 9 rows
+//   per SM on (item 80): bf16 2000 x 10000 0.59 -> 0.78, 3000 x 12288 0.82 -> 0.92, 16000 x 10000
+//   0.89 -> 0.97, 2000 x 16384 level; not to 8192 steps (2000 x 5000 0.80 -> 0.66);
 // - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk):
 //   float32 1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;
 // - backward 2-byte, L <= 32768, where the default takes a stream block per row, 2 to 16 rows per
@@ -458,7 +460,7 @@ inline bool small_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
   if (rows <= 2 * sms) return false;
   if (p.backward) return L > 2048 && L <= 16384 && rows < 8 * sms;
   if (elem_size == 4) return L > 2048 && L <= 8192 && rows <= 24 * sms;
-  return L > 4096 && L <= 32768 && rows <= (L > 12288 ? 4 : 9) * sms;
+  return (L > 4096 && L <= 32768 && rows <= (L > 12288 ? 4 : 9) * sms) || (L > 8192 && L <= 16384 && rows > 9 * sms);
 }
 
 // The default plan of a problem whose scanned dim is innermost (before small_stream_rows).
