@@ -41,6 +41,12 @@ constexpr int64_t kGroup = 16;           // sequences per group of the strided p
 constexpr int64_t kMinChunk = 1 << 14;   // fewest elements (steps x state width) of one chunk of a split
 constexpr int64_t kGrainElems = 1 << 15; // fewest elements per parallel_for task
 
+// The first chunk's length relative to the others' in the chained split (pass 1 scans it beside the
+// summaries of the others). This VM, 2 threads, interleaved in one process (bench/NOTES.md item 80):
+// float32 1 x 2^22 forward 1.41 -> 1.20 ms, backward 2.21 -> 2.09 (best of 60); equal chunks or the
+// shares that bytes alone predict (0.5 / 0.3) were slower.
+constexpr double kFirstChunkForward = 0.7, kFirstChunkBackward = 0.55;
+
 // Chunks per item of the chained split below (1: none): one more than the threads an item gets,
 // where there are fewer items than threads and each has at least kMinChunk elements per chunk.
 int64_t split_chunks(int64_t items, int64_t width, int64_t L) {
@@ -53,9 +59,9 @@ int64_t split_chunks(int64_t items, int64_t width, int64_t L) {
 // The chained split, over `items` independent work items of `width` states each:
 //   run(item, t0, t1, h, prod) advances the item's states h over steps [t0, t1) (with prod: only
 //   summarises, see above); init(item, h) sets its initial states; end(item, h) gets the final
-//   states of the item's last chunk.
+//   states of the item's last chunk; `backward`: the runs are the backward's (for chunk lengths).
 template <typename Run, typename Init, typename End>
-void chained(int64_t items, int64_t width, int64_t L, const Run& run, const Init& init, const End& end) {
+void chained(int64_t items, int64_t width, int64_t L, bool backward, const Run& run, const Init& init, const End& end) {
   const int64_t chunks = split_chunks(items, width, L);
   if (chunks == 1) {
     const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, L * width));
@@ -69,7 +75,14 @@ void chained(int64_t items, int64_t width, int64_t L, const Run& run, const Init
     });
     return;
   }
-  auto bound = [&](int64_t k) { return k * L / chunks; };
+  // Chunk 0 is `first` times as long as each of the others: its full scan in pass 1 runs beside
+  // summaries, which move fewer bytes (they read two operands and write nothing).
+  const double first = backward ? kFirstChunkBackward : kFirstChunkForward, tail = static_cast<double>(chunks - 1);
+  auto bound = [&](int64_t k) {
+    if (k == 0) return int64_t(0);
+    if (k == chunks) return L;
+    return static_cast<int64_t>(static_cast<double>(L) * (first + static_cast<double>(k - 1)) / (tail + first));
+  };
   // Chunk k of item i: its initial states at state[(i * chunks + k) * width].
   std::vector<float> state(items * chunks * width, 0.f), last(items * chunks * width, 0.f),
       prod(items * chunks * width, 1.f);
@@ -249,7 +262,7 @@ void scan_walk(const ScanParams& p) {
   if (pair_walk<T>(p)) return scan_walk_pairs<T, S>(p, at, in, init_value);
   if (!p.backward) {
     chained(
-        p.num_seq, 1, L,
+        p.num_seq, 1, L, false,
         [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
           if (prod)
             avx2::walk_forward<S, true>(in(kCoeff, i), in(kIn, i), at(kOut, i), t0, t1, h, prod);
@@ -260,7 +273,7 @@ void scan_walk(const ScanParams& p) {
     return;
   }
   chained(
-      p.num_seq, 1, L,
+      p.num_seq, 1, L, true,
       [&](int64_t i, int64_t t0, int64_t t1, float* h, float* prod) {
         if (prod)
           avx2::walk_backward<S, true>(in(kCoeff, i), in(kIn, i), in(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
@@ -301,7 +314,7 @@ void scan_rows(const ScanParams& p) {
   const int64_t* ls = p.lstride;
   if (!p.backward) {
     chained(
-        outer * blocks, W, L,
+        outer * blocks, W, L, false,
         [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
           avx2::rows_forward(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], width(j), t0,
                              t1, h, prod);
@@ -310,7 +323,7 @@ void scan_rows(const ScanParams& p) {
     return;
   }
   chained(
-      outer * blocks, W, L,
+      outer * blocks, W, L, true,
       [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
         float init[avx2::kMaxRowBlock];
         if (p.ptr[kInit] && t1 == L) gather_init(j, init);
