@@ -380,9 +380,8 @@ def test_channel_kernel_pipe_prefetch(reverse, dtype):
 @pytest.mark.parametrize("reverse", REVERSE)
 def test_channel_kernel_long_lookback(reverse, dtype):
     """Every channel config where its blocks chain look-back over many chunks (too few channel blocks
-    to walk L): 71-283 chunks per sequence, each look-back reading several predecessors per round
-    trip; partial channel blocks, a last span of one step, an initial state; broadcast coeffs
-    (float32: the backward adds their gradient into a buffer)."""
+    to walk L): 71-283 chunks per sequence; partial channel blocks, a last span of one step, an
+    initial state; broadcast coeffs (float32: the backward adds their gradient into a buffer)."""
     g = torch.Generator(device="cuda").manual_seed(12)
     x = torch.randn(2, 9025, 320, generator=g, device="cuda").to(dtype)  # 2.5-20 blocks of 32-256 channels
     c = torch.empty_like(x, dtype=torch.float32).uniform_(0.5, 0.95, generator=g).to(dtype)

@@ -524,10 +524,10 @@ int main() {
 def test_small_stream_rows_default(tmp_path):
     """Aligned rows of mid length take the small stream config (128 threads, two stages, 7 blocks per
     SM) on the H200 only: the 4-byte forward at 2-24 rows per SM, the 2-byte forward at 2-9 (4 beyond
-    12288 steps) and of 8193-16384 steps from 9 on, the 4-byte backward at 2-8, the 2-byte backward where the default takes a stream
-    block per row (bf16 500 x 10000 forward 0.61 -> 0.80 of torch.add, float32 1000 x 3000 backward
-    0.57 -> 0.89; plan.h's small_stream_rows; to 16 rows per SM, as measured); outside those ranges,
-    and on the H100, the plans stay.
+    12288 steps) and, of 8193-16384 steps, from 9 on; the 4-byte backward at 2-8, the 2-byte backward
+    where the default takes a stream block per row (bf16 500 x 10000 forward 0.61 -> 0.80 of
+    torch.add, float32 1000 x 3000 backward 0.57 -> 0.89; plan.h's small_stream_rows; to 16 rows per
+    SM, as measured); outside those ranges, and on the H100, the plans stay.
     A tuned choice yields to them (the caches predate them); a config preferred by name does not."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "small_stream", _SMALL_STREAM_PROGRAM)]
     h200, h100, tuned = got[:17], got[17:34], got[34:]
