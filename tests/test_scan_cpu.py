@@ -158,6 +158,25 @@ def test_layouts_agree_to_the_bit(dtype):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_streamed_outputs(threads):
+    """float32 (B, L, D) outputs of 8 MiB or more go out by non-temporal stores where aligned
+    (csrc/linrec/cpu/scan_cpu.cpp: kStreamMinBytes): on one thread the forward's first 2047 steps
+    have the bits of a 2047-step scan (just under the size: plain stores), and both directions match
+    the float64 reference, reversed too, on one and two threads (the chained split)."""
+    x, c, gy, h0 = _inputs((1, 2048, 1024), 1, torch.float32, with_initial=True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        if threads == 1:
+            y = scan_op(x, c, h0, 1, False, None, None)
+            assert _same_bits(y[:, :2047], scan_op(x[:, :2047], c[:, :2047], h0, 1, False, None, None))
+        for reverse in (False, True):
+            _check(x, c, gy, h0, 1, reverse, torch.float32)
+    finally:
+        torch.set_num_threads(before)
+
+
 # ------------------------------------------------------------------------------------ output pool
 # The CPU forward's y and the backward's grad_x and grad_coeffs take their storage from a pool of
 # blocks freed by earlier outputs (csrc/common/host_pool.cpp). 512 x 512 float32: 1 MiB blocks,

@@ -111,6 +111,11 @@ LINREC_AVX2 inline void store8(c10::Half* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
 
+// store8 by a non-temporal store (past the caches, no read for ownership): p 32-byte aligned.
+// Ordered by an sfence (stream_fence) before other threads read the stores.
+LINREC_AVX2 inline void stream8(float* p, __m256 v) { _mm256_stream_ps(p, v); }
+LINREC_AVX2 inline void stream_fence() { _mm_sfence(); }
+
 // 4 values of each of two sequences as one float vector: a's in the low half, b's in the high one
 // (the pair walk's layout), and back.
 LINREC_AVX2 inline __m256 load4x2(const float* a, const float* b) {

@@ -26,7 +26,8 @@ LINREC_AVX2 inline float mul_rounded(float a, float b) {
   return m;
 }
 
-template <typename T>
+// kStream (float only): the outputs by non-temporal stores (rows 32-byte aligned; the caller's choice).
+template <bool kStream, typename T>
 LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, T* y, int64_t lsy, int64_t n,
                               int64_t t0, int64_t t1, float* h, float* prod) {
   const int64_t nv = n / 8 * 8;
@@ -42,6 +43,8 @@ LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, 
       _mm256_storeu_ps(h + d, hv);
       if (prod)
         _mm256_storeu_ps(prod + d, advance_product(_mm256_loadu_ps(prod + d), cv));
+      else if constexpr (kStream)
+        stream8(yt + d, hv);
       else
         store8(yt + d, hv);
     }
@@ -54,10 +57,11 @@ LINREC_AVX2 void rows_forward(const T* c, int64_t lsc, const T* x, int64_t lsx, 
         yt[d] = static_cast<T>(h[d]);
     }
   }
+  if (kStream && !prod) stream_fence();
 }
 
 // init: the initial state of each channel (y_L), or nullptr for zeros; its channel stride cs0.
-template <typename T>
+template <bool kStream, typename T>
 LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsdy, const T* y, int64_t lsy, T* dx,
                                int64_t lsdx, T* dc, int64_t lsdc, const float* init, int64_t L, int64_t n,
                                int64_t t0, int64_t t1, float* h, float* prod) {
@@ -79,8 +83,13 @@ LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsd
         continue;
       }
       const __m256 yv = yn ? load8(yn + d) : (init ? _mm256_loadu_ps(init + d) : _mm256_setzero_ps());
-      store8(dxt + d, g);
-      store8(dct + d, _mm256_mul_ps(g, yv));
+      if constexpr (kStream) {
+        stream8(dxt + d, g);
+        stream8(dct + d, _mm256_mul_ps(g, yv));
+      } else {
+        store8(dxt + d, g);
+        store8(dct + d, _mm256_mul_ps(g, yv));
+      }
     }
     for (int64_t d = nv; d < n; ++d) {
       const float cs = cp ? static_cast<float>(cp[d]) : 0.f;
@@ -94,6 +103,7 @@ LINREC_AVX2 void rows_backward(const T* c, int64_t lsc, const T* dy, int64_t lsd
       dct[d] = static_cast<T>(h[d] * yv);
     }
   }
+  if (kStream && !prod) stream_fence();
 }
 
 }  // namespace avx2

@@ -25,6 +25,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -46,6 +47,13 @@ constexpr int64_t kGrainElems = 1 << 15; // fewest elements per parallel_for tas
 // float32 1 x 2^22 forward 1.41 -> 1.20 ms, backward 2.21 -> 2.09 (best of 60); equal chunks or the
 // shares that bytes alone predict (0.5 / 0.3) were slower.
 constexpr double kFirstChunkForward = 0.7, kFirstChunkBackward = 0.55;
+
+// The rows path (B, L, D) writes float32 outputs of at least this many bytes by non-temporal stores:
+// no read for ownership of lines about to be overwritten. This VM (32 MiB L3), min of 50 interleaved
+// calls (bench/NOTES.md item 80): float32 8 x 1024 x 1024 forward 2.88 -> 2.35 ms, backward 4.58 ->
+// 3.64; 1 x 1024 x 2048 (8 MiB) 0.53 -> 0.44 / 0.93 -> 0.80; 2 MiB tensors mixed. Not 2-byte
+// outputs: bf16 2 x 4096 x 1024 forward 1.33 -> 1.77.
+constexpr int64_t kStreamMinBytes = int64_t(8) << 20;
 
 // Chunks per item of the chained split below (1: none): one more than the threads an item gets,
 // where there are fewer items than threads and each has at least kMinChunk elements per chunk.
@@ -288,6 +296,19 @@ void scan_walk(const ScanParams& p) {
       });
 }
 
+// Whether every slot the rows path writes starts each block's row at a multiple of `bytes`: the
+// base, the step stride and the outer batch strides (channel blocks start at multiples of 8).
+bool rows_aligned(const ScanParams& p, int64_t bytes) {
+  const int64_t elem = bytes / 8;
+  for (int slot : {kOut, kGradIn, kGradCoeff}) {
+    if (p.backward == (slot == kOut) || !p.ptr[slot]) continue;
+    if (reinterpret_cast<uintptr_t>(p.ptr[slot]) % bytes != 0 || (p.lstride[slot] * elem) % bytes != 0) return false;
+    for (int i = 1; i < p.nbatch; ++i)
+      if ((p.bstride[slot][i] * elem) % bytes != 0) return false;
+  }
+  return true;
+}
+
 // Rows path: channels (the innermost batch dim) contiguous in every used slot.
 template <typename T>
 void scan_rows(const ScanParams& p) {
@@ -312,12 +333,20 @@ void scan_rows(const ScanParams& p) {
   };
   auto zero = [&](int64_t, float* h) { std::fill(h, h + W, 0.f); };
   const int64_t* ls = p.lstride;
+  // float32 outputs of at least kStreamMinBytes each go out by non-temporal stores where aligned.
+  const bool stream = std::is_same_v<T, float> && p.num_seq * L * int64_t(sizeof(T)) >= kStreamMinBytes &&
+                      rows_aligned(p, sizeof(T) * 8);
   if (!p.backward) {
     chained(
         outer * blocks, W, L, false,
         [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
-          avx2::rows_forward(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], width(j), t0,
-                             t1, h, prod);
+          if constexpr (std::is_same_v<T, float>) {
+            if (stream)
+              return avx2::rows_forward<true>(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut],
+                                              width(j), t0, t1, h, prod);
+          }
+          avx2::rows_forward<false>(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], width(j),
+                                    t0, t1, h, prod);
         },
         gather_init, [](int64_t, float*) {});
     return;
@@ -327,9 +356,12 @@ void scan_rows(const ScanParams& p) {
       [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
         float init[avx2::kMaxRowBlock];
         if (p.ptr[kInit] && t1 == L) gather_init(j, init);
-        avx2::rows_backward(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], at(kGradIn, j),
-                            ls[kGradIn], at(kGradCoeff, j), ls[kGradCoeff], p.ptr[kInit] ? init : nullptr, L,
-                            width(j), t0, t1, h, prod);
+        auto kernel = avx2::rows_backward<false, T>;
+        if constexpr (std::is_same_v<T, float>) {
+          if (stream) kernel = avx2::rows_backward<true, T>;
+        }
+        kernel(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], at(kGradIn, j), ls[kGradIn],
+               at(kGradCoeff, j), ls[kGradCoeff], p.ptr[kInit] ? init : nullptr, L, width(j), t0, t1, h, prod);
       },
       zero,
       [&](int64_t j, float* h) {  // d_initial = c_{L-1} g_{L-1}
