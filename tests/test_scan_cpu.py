@@ -160,17 +160,17 @@ def test_layouts_agree_to_the_bit(dtype):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_rows_streamed_outputs(threads):
-    """float32 (B, L, D) outputs of 8 MiB or more go out by non-temporal stores where aligned
-    (csrc/linrec/cpu/scan_cpu.cpp: kStreamMinBytes): on one thread the forward's first 2047 steps
-    have the bits of a 2047-step scan (just under the size: plain stores), and both directions match
+    """float32 (B, L, D) outputs of 16 MiB or more go out by non-temporal stores where aligned
+    (csrc/linrec/cpu/scan_cpu.cpp: kStreamMinBytes): on one thread the forward's first 4095 steps
+    have the bits of a 4095-step scan (just under the size: plain stores), and both directions match
     the float64 reference, reversed too, on one and two threads (the chained split)."""
-    x, c, gy, h0 = _inputs((1, 2048, 1024), 1, torch.float32, with_initial=True)
+    x, c, gy, h0 = _inputs((1, 4096, 1024), 1, torch.float32, with_initial=True)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         if threads == 1:
             y = scan_op(x, c, h0, 1, False, None, None)
-            assert _same_bits(y[:, :2047], scan_op(x[:, :2047], c[:, :2047], h0, 1, False, None, None))
+            assert _same_bits(y[:, :4095], scan_op(x[:, :4095], c[:, :4095], h0, 1, False, None, None))
         for reverse in (False, True):
             _check(x, c, gy, h0, 1, reverse, torch.float32)
     finally:

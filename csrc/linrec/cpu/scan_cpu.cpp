@@ -49,11 +49,12 @@ constexpr int64_t kGrainElems = 1 << 15; // fewest elements per parallel_for tas
 constexpr double kFirstChunkForward = 0.7, kFirstChunkBackward = 0.55;
 
 // The rows path (B, L, D) writes float32 outputs of at least this many bytes by non-temporal stores:
-// no read for ownership of lines about to be overwritten. This VM (32 MiB L3), min of 50 interleaved
-// calls (bench/NOTES.md item 80): float32 8 x 1024 x 1024 forward 2.88 -> 2.35 ms, backward 4.58 ->
-// 3.64; 1 x 1024 x 2048 (8 MiB) 0.53 -> 0.44 / 0.93 -> 0.80; 2 MiB tensors mixed. Not 2-byte
-// outputs: bf16 2 x 4096 x 1024 forward 1.33 -> 1.77.
-constexpr int64_t kStreamMinBytes = int64_t(8) << 20;
+// no read for ownership of lines about to be overwritten. This VM (32 MiB L3), blocks of 12 calls of
+// each variant taking turns in one process, median ms (bench/NOTES.md item 80): float32 1 x 4096 x
+// 1024 (16 MiB) forward 1.43-1.44 -> 1.10-1.25, backward 2.15-2.40 -> 1.70-2.01; 8 x 1024 x 1024
+// 2.65-2.72 -> 2.12-2.14 / 4.85-5.15 -> 3.74-3.85; at 8 MiB level or slower (1 x 1024 x 2048 forward
+// 0.36-0.39 -> 0.36-0.46). Not 2-byte outputs (bf16 2 x 4096 x 1024 forward 1.33 -> 1.77 ms).
+constexpr int64_t kStreamMinBytes = int64_t(16) << 20;
 
 // Chunks per item of the chained split below (1: none): one more than the threads an item gets,
 // where there are fewer items than threads and each has at least kMinChunk elements per chunk.
