@@ -297,10 +297,11 @@ void scan_walk(const ScanParams& p) {
       });
 }
 
-// Whether every slot the rows path writes starts each block's row at a multiple of `bytes`: the
-// base, the step stride and the outer batch strides (channel blocks start at multiples of 8).
-bool rows_aligned(const ScanParams& p, int64_t bytes) {
-  const int64_t elem = bytes / 8;
+// Whether every slot the rows path writes starts each block's row at a multiple of 8 elements of
+// `elem` bytes: the base, the step stride and the outer batch strides (channel blocks start at
+// multiples of 8 channels).
+bool rows_aligned(const ScanParams& p, int64_t elem) {
+  const int64_t bytes = 8 * elem;
   for (int slot : {kOut, kGradIn, kGradCoeff}) {
     if (p.backward == (slot == kOut) || !p.ptr[slot]) continue;
     if (reinterpret_cast<uintptr_t>(p.ptr[slot]) % bytes != 0 || (p.lstride[slot] * elem) % bytes != 0) return false;
@@ -335,19 +336,17 @@ void scan_rows(const ScanParams& p) {
   auto zero = [&](int64_t, float* h) { std::fill(h, h + W, 0.f); };
   const int64_t* ls = p.lstride;
   // float32 outputs of at least kStreamMinBytes each go out by non-temporal stores where aligned.
-  const bool stream = std::is_same_v<T, float> && p.num_seq * L * int64_t(sizeof(T)) >= kStreamMinBytes &&
-                      rows_aligned(p, sizeof(T) * 8);
+  auto forward = avx2::rows_forward<false, T>;
+  auto backward = avx2::rows_backward<false, T>;
+  if constexpr (std::is_same_v<T, float>) {
+    if (p.num_seq * L * int64_t(sizeof(T)) >= kStreamMinBytes && rows_aligned(p, sizeof(T)))
+      forward = avx2::rows_forward<true, T>, backward = avx2::rows_backward<true, T>;
+  }
   if (!p.backward) {
     chained(
         outer * blocks, W, L, false,
         [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
-          if constexpr (std::is_same_v<T, float>) {
-            if (stream)
-              return avx2::rows_forward<true>(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut],
-                                              width(j), t0, t1, h, prod);
-          }
-          avx2::rows_forward<false>(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], width(j),
-                                    t0, t1, h, prod);
+          forward(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], width(j), t0, t1, h, prod);
         },
         gather_init, [](int64_t, float*) {});
     return;
@@ -357,12 +356,8 @@ void scan_rows(const ScanParams& p) {
       [&](int64_t j, int64_t t0, int64_t t1, float* h, float* prod) {
         float init[avx2::kMaxRowBlock];
         if (p.ptr[kInit] && t1 == L) gather_init(j, init);
-        auto kernel = avx2::rows_backward<false, T>;
-        if constexpr (std::is_same_v<T, float>) {
-          if (stream) kernel = avx2::rows_backward<true, T>;
-        }
-        kernel(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], at(kGradIn, j), ls[kGradIn],
-               at(kGradCoeff, j), ls[kGradCoeff], p.ptr[kInit] ? init : nullptr, L, width(j), t0, t1, h, prod);
+        backward(at(kCoeff, j), ls[kCoeff], at(kIn, j), ls[kIn], at(kOut, j), ls[kOut], at(kGradIn, j), ls[kGradIn],
+                 at(kGradCoeff, j), ls[kGradCoeff], p.ptr[kInit] ? init : nullptr, L, width(j), t0, t1, h, prod);
       },
       zero,
       [&](int64_t j, float* h) {  // d_initial = c_{L-1} g_{L-1}
