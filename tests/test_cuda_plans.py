@@ -320,14 +320,14 @@ def test_ring_kernel_broadcast_and_batch_dims(reverse):
 # ----------------------------------------------------------------------------------------------- channel kernel
 
 # (B, L, D) with dim=1 and the channels sliced from a wider buffer at an offset (0: contiguous).
-# A config with groups of CPL channels per lane (names ending p2, c4, c8) needs D, the buffer's
+# A config with groups of CPL channels per lane (names ending p2, c4, c8, before any l8) needs D, the buffer's
 # width and the offset to be multiples of CPL (unit channel stride, group-aligned rows).
 _BLD = [((2, 1000, 64), 0), ((3, 4100, 130), 0), ((2, 333, 2), 0), ((2, 1000, 65), 1), ((2, 777, 72), 4),
         ((1, 300, 264), 0)]
 
 
 def _channel_group(name: str) -> int:
-    fields = name.split(".")[1]  # e.g. "s8r8b2c4" of "channel.s8r8b2c4.pipe"
+    fields = name.split(".")[1].split("l")[0]  # e.g. "s8r8b2c4" of "channel.s8r8b2c4l8.pipe"
     return 2 if fields.endswith("p2") else int(fields[-1]) if fields[-2] == "c" else 1
 
 

@@ -171,14 +171,14 @@ def test_config_names():
         "stream.e8t512s4.direct", "stream.e8t128s2", "ring.e8t512s6", "ring.e16t256s6", "ring.e8t256s12",
         "channel.s16r8b2", "channel.s16r4b5", "channel.s32r4b3", "channel.s32r2b6", "channel.s8r16b1p2",
         "channel.s16r8b2p2", "channel.s8r8b2c4", "channel.s4r8b3c4", "channel.s16r4b2c4",
-        "channel.s8r16b1p2.pipe", "channel.s4r8b2c4.pipe"]
+        "channel.s8r16b1p2.pipe", "channel.s4r8b2c4.pipe", "channel.s8r16b1p2l8.pipe", "channel.s4r8b2c4l8.pipe"]
     assert scan_cuda_configs(2) == [
         "tile.e16t16", "tile.e32t32", "tile.e32t128", "tile.e32t64", "tile.e16t64", "tile.e16t32",
         "stream.e32t256s4", "stream.e32t256s3", "stream.e16t256s6", "stream.e16t256s4", "stream.e16t512s4",
         "stream.e16t512s4.direct", "stream.e16t128s2", "ring.e16t512s6", "ring.e16t256s12", "ring.e16t256s5",
         "channel.s16r8b2", "channel.s16r4b5", "channel.s32r4b3", "channel.s32r2b6", "channel.s8r16b1p2",
         "channel.s16r8b2c4", "channel.s8r8b2c4", "channel.s16r4b3c4", "channel.s8r8b2c8",
-        "channel.s8r8b2c4.pipe", "channel.s4r8b3c4.pipe"]
+        "channel.s8r8b2c4.pipe", "channel.s4r8b3c4.pipe", "channel.s8r8b2c4l8.pipe", "channel.s4r8b3c4l8.pipe"]
     with pytest.raises(ValueError, match="elem_size must be 2 or 4"):
         scan_cuda_configs(8)
     for dtype, size in ((torch.float32, 4), (torch.float16, 2), (torch.bfloat16, 2)):

@@ -40,31 +40,40 @@ constexpr TileConfig tile_config(int elem_size, int i) {
   return elem_size == 2 ? kTileConfigs2B[i] : kTileConfigs4B[i];
 }
 
-// Channel kernel (scanned dim not innermost): 32 lanes x ROWS warps, CPL adjacent channels per
-// lane, STEPS steps per thread, at least MIN_BLOCKS blocks per SM in the forward (half in the
-// backward). A span of ROWS x STEPS steps shares one look-back status per channel.
+// Channel kernel (scanned dim not innermost): ROWS warps, CPL adjacent channels per lane,
+// STEPS steps per thread, at least MIN_BLOCKS blocks per SM in the forward (half in the backward).
+// LANES lanes share a step: a warp holds 32 / LANES consecutive runs of STEPS steps of LANES * CPL
+// channels (fewer channels per block, hence more blocks: enough to walk L without look-back on
+// fewer channels). A span of ROWS x (32 / LANES) x STEPS steps shares one look-back status per channel.
 struct ChannelConfig {
   const char* name;
   int steps, rows, min_blocks, cpl;
   bool prefetch = false;  // a block walking its channels along L loads the next span early
+  int lanes = 32;
   constexpr int threads() const { return 32 * rows; }
-  constexpr int64_t span() const { return int64_t(steps) * rows; }
-  constexpr int64_t channels() const { return 32 * cpl; }
+  constexpr int64_t span() const { return int64_t(steps) * rows * (32 / lanes); }
+  constexpr int64_t channels() const { return int64_t(lanes) * cpl; }
 };
 // One channel per lane (any channel stride); a pair per lane; then groups of up to 16 bytes per
-// lane (4 float32 / 4 or 8 16-bit channels) with fewer steps per thread to keep the registers.
+// lane (4 float32 / 4 or 8 16-bit channels) with fewer steps per thread to keep the registers; the
+// prefetching configs, then the same with 8 lanes per step (64- or 128-byte accesses per step).
 // The tables have equal lengths and differ from index 5 on.
 constexpr ChannelConfig kChannelConfigs4B[] = {
     {"channel.s16r8b2", 16, 8, 2, 1},     {"channel.s16r4b5", 16, 4, 5, 1},  {"channel.s32r4b3", 32, 4, 3, 1},
     {"channel.s32r2b6", 32, 2, 6, 1},     {"channel.s8r16b1p2", 8, 16, 1, 2}, {"channel.s16r8b2p2", 16, 8, 2, 2},
     {"channel.s8r8b2c4", 8, 8, 2, 4},     {"channel.s4r8b3c4", 4, 8, 3, 4},  {"channel.s16r4b2c4", 16, 4, 2, 4},
-    {"channel.s8r16b1p2.pipe", 8, 16, 1, 2, true}, {"channel.s4r8b2c4.pipe", 4, 8, 2, 4, true}};
+    {"channel.s8r16b1p2.pipe", 8, 16, 1, 2, true}, {"channel.s4r8b2c4.pipe", 4, 8, 2, 4, true},
+    {"channel.s8r16b1p2l8.pipe", 8, 16, 1, 2, true, 8}, {"channel.s4r8b2c4l8.pipe", 4, 8, 2, 4, true, 8}};
 constexpr ChannelConfig kChannelConfigs2B[] = {
     {"channel.s16r8b2", 16, 8, 2, 1},     {"channel.s16r4b5", 16, 4, 5, 1},  {"channel.s32r4b3", 32, 4, 3, 1},
     {"channel.s32r2b6", 32, 2, 6, 1},     {"channel.s8r16b1p2", 8, 16, 1, 2}, {"channel.s16r8b2c4", 16, 8, 2, 4},
     {"channel.s8r8b2c4", 8, 8, 2, 4},     {"channel.s16r4b3c4", 16, 4, 3, 4}, {"channel.s8r8b2c8", 8, 8, 2, 8},
-    {"channel.s8r8b2c4.pipe", 8, 8, 2, 4, true}, {"channel.s4r8b3c4.pipe", 4, 8, 3, 4, true}};
-constexpr int kNumChannelConfigs = 11;
+    {"channel.s8r8b2c4.pipe", 8, 8, 2, 4, true}, {"channel.s4r8b3c4.pipe", 4, 8, 3, 4, true},
+    {"channel.s8r8b2c4l8.pipe", 8, 8, 2, 4, true, 8}, {"channel.s4r8b3c4l8.pipe", 4, 8, 3, 4, true, 8}};
+constexpr int kNumChannelConfigs = 13;
+static_assert(sizeof(kChannelConfigs4B) / sizeof(ChannelConfig) == kNumChannelConfigs &&
+                  sizeof(kChannelConfigs2B) / sizeof(ChannelConfig) == kNumChannelConfigs,
+              "channel config tables of equal lengths");
 constexpr ChannelConfig channel_config(int elem_size, int i) {
   return elem_size == 2 ? kChannelConfigs2B[i] : kChannelConfigs4B[i];
 }

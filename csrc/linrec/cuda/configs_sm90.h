@@ -16,7 +16,7 @@ struct ScanDefaults {
   int channel;        // channel config
   int channel_wide;   // channel config instead where 32 or more of its blocks span the channels, or -1
   int channel_mid;    // channel config instead where 2 to 31 of channel_wide's blocks would, or -1
-  int channel_pipe[2];  // channel configs whose blocks walk L (enough channel blocks): the first that may, or -1
+  int channel_pipe[4];  // channel configs whose blocks walk L (enough channel blocks): the first that may, or -1
 };
 
 // Peak DRAM bandwidth per SM above which a Hopper device's kernels need more bytes in flight per SM
@@ -92,15 +92,26 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
   // blocks per SM vs 0.68 by look-back; fewer channel blocks (bf16 32 x 512 x 768, 192 of them)
   // fill one block per SM of 8 steps, 0.78 vs 0.72; float32 4 steps of 4 channels, 0.96 vs 0.58
   // (32 x 512 x 768: 0.84 vs 0.60).
-  d.channel_pipe[0] = d.channel_pipe[1] = -1;
-  if (!backward)
-    d.channel_pipe[0] = elem_size == 2 ? (group_width >= 4 ? 9 : -1) : (group_width >= 2 ? 9 : -1);
-  else if (group_width >= 4)
-    d.channel_pipe[0] = 10, d.channel_pipe[1] = elem_size == 2 ? 9 : -1;
+  // Where too few of their blocks span the channels, the same configs with 8 lanes per step (a
+  // quarter of the channels per block) walk L instead of chaining spans by look-back.
+  for (int& c : d.channel_pipe) c = -1;
+  if (!backward) {
+    if (group_width >= (elem_size == 2 ? 4 : 2)) d.channel_pipe[0] = 9, d.channel_pipe[1] = 11;
+  } else if (group_width >= 4) {
+    if (elem_size == 2)
+      d.channel_pipe[0] = 10, d.channel_pipe[1] = 9, d.channel_pipe[2] = 12, d.channel_pipe[3] = 11;
+    else
+      d.channel_pipe[0] = 10, d.channel_pipe[1] = 12;
+  }
   static_assert(kChannelConfigs4B[9].prefetch && kChannelConfigs4B[10].prefetch && kChannelConfigs2B[9].prefetch &&
                     kChannelConfigs2B[10].prefetch && kChannelConfigs4B[10].cpl == 4 && kChannelConfigs2B[10].cpl == 4 &&
                     kChannelConfigs2B[9].cpl == 4,
                 "the prefetching channel configs");
+  static_assert(kChannelConfigs4B[11].lanes == 8 && kChannelConfigs4B[11].cpl == kChannelConfigs4B[9].cpl &&
+                    kChannelConfigs4B[12].lanes == 8 && kChannelConfigs4B[12].cpl == 4 &&
+                    kChannelConfigs2B[11].lanes == 8 && kChannelConfigs2B[11].cpl == 4 &&
+                    kChannelConfigs2B[12].lanes == 8 && kChannelConfigs2B[12].cpl == 4,
+                "the 8-lane prefetching channel configs: 9 and 10 with 8 lanes per step");
   return d;
 }
 

@@ -98,7 +98,7 @@ cudaError_t launch_scan(const ScanParams& p, const ScanPlan& plan, const Lookbac
       return with_config<kNumChannelConfigs>(plan.config, [&](auto i) {
         constexpr ChannelConfig cfg = channel_config(sizeof(T), i);
         const ChannelArgs args{plan.num_chunks, plan.per_chunk, ceil_div(p.num_seq, cfg.channels()), lb};
-        scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, cfg.prefetch, kBackward>
+        scan_channel_kernel<T, cfg.steps, cfg.rows, cfg.min_blocks, cfg.cpl, cfg.prefetch, kBackward, cfg.lanes>
             <<<plan.grid, cfg.threads(), 0, stream>>>(p, args);
         return cudaGetLastError();
       });

@@ -412,6 +412,26 @@ inline bool channel_pipe(const ScanParams& p, const DeviceInfo& dev, const Chann
   return seq_blocks >= 2 * int64_t(dev.num_sms) * cfg.min_blocks;
 }
 
+// Whether a default may take the 8-lane channel config `cfg` (configs.h: a quarter of the channels
+// per block, so enough blocks to walk L where the 32-lane blocks chain spans by look-back). H200, of
+// torch.add, look-back default -> 8 lanes (bench/NOTES.md item 81): the float32 backward gains from
+// 3/4 of a wave of blocks on (4 x 2048 x 1000 0.63 -> 0.88, 4 x 2048 x 1536 at 1.45 waves 0.66 ->
+// 0.80, 4 x 4096 x 2048 0.67 -> 0.92); the other directions and types where the blocks fit one
+// wave (float32 forward 2 x 16384 x 1024 0.79 -> 0.83, bf16 4 x 4096 x 2048 forward 0.72 -> 0.78,
+// backward 0.70 -> 0.83), the 2-byte forward also from 7/4 waves (bf16 8 x 4096 x 2048 0.76 ->
+// 0.80, 8 x 2048 x 2560 0.75 -> 0.79, 32 x 512 x 768 0.70 -> 0.73). With a partial second wave the
+// walks of its blocks lose (fp16 12 x 6144 x 1024 forward 0.74 -> 0.66, float32 3 x 2048 x 1024
+// 0.74 -> 0.69; the float32 forward at 2-3 waves too, 6 x 2048 x 1024 0.80 -> 0.76), and a 2-byte
+// block's 64-byte accesses lose on rows not 128-byte aligned at any count measured (bf16 D = 1000:
+// 0.58-0.61 against 0.67-0.70).
+inline bool channel_lanes_default(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ChannelConfig& cfg) {
+  if (cfg.lanes == 32 || (elem_size == 4 && p.backward)) return true;
+  if (elem_size == 2 && !channel_groups(p, elem_size, 128 / elem_size)) return false;
+  const int64_t wave = int64_t(dev.num_sms) * (p.backward ? (cfg.min_blocks + 1) / 2 : cfg.min_blocks);
+  const int64_t blocks = ceil_div(p.num_seq, cfg.channels());
+  return blocks <= wave || (elem_size == 2 && !p.backward && 4 * blocks >= 7 * wave);
+}
+
 inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, const DeviceInfo& dev, int config) {
   const ChannelConfig cfg = channel_config(elem_size, config);
   plan.kind = ScanKind::kChannel;
@@ -532,7 +552,8 @@ inline ScanPlan plan_scan(const ScanParams& p, int elem_size, const DeviceInfo& 
     }
     if (req.index < 0)
       for (const int pipe : def.channel_pipe)  // the first prefetching config whose blocks walk L
-        if (pipe >= 0 && channel_pipe(p, dev, channel_config(elem_size, pipe))) {
+        if (pipe >= 0 && channel_pipe(p, dev, channel_config(elem_size, pipe)) &&
+            channel_lanes_default(p, elem_size, dev, channel_config(elem_size, pipe))) {
           config = pipe;
           break;
         }

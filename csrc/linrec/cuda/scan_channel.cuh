@@ -1,10 +1,11 @@
 // Channel kernel: the scanned dim is not the innermost, e.g. (B, L, D) with dim=1.
 //
-// A block owns 32 * CPL consecutive sequences ("channels": CPL adjacent ones per lane, so
-// every step is one coalesced row access per warp, of 32 * CPL elements) and a span of
-// ROWS * CH steps: warp w holds steps [w CH, (w+1) CH) of its lanes' channels in registers,
-// as loaded (all loads issued before the first use). Each thread reduces its CH steps per
-// channel to one affine map; the block's threads then compose the ROWS maps of one channel
+// A block owns LANES * CPL consecutive sequences ("channels": CPL adjacent ones per lane, so
+// every step is one coalesced access of LANES * CPL elements) and a span of ROWS * SUB * CH
+// steps, SUB = 32 / LANES: lane group s (lanes [s LANES, (s+1) LANES)) of warp w holds the CH
+// steps of run w SUB + s of its lanes' channels in registers, as loaded (all loads issued before
+// the first use). Each thread reduces its CH steps per channel to one affine map; a warp scans
+// its SUB runs by shuffles; the block's threads then compose the ROWS warps' maps of one channel
 // each through shared memory, obtain the state before the span (the block's running state in
 // pipe mode, or the per-channel decoupled look-back across blocks), and hand every warp its
 // starting states; then all threads replay their steps and store.
@@ -24,7 +25,7 @@ namespace linrec {
 struct ChannelArgs {
   int64_t num_chunks;      // spans per sequence, one per block (look-back when > 1)
   int64_t spans_per_block; // spans a block walks one after the other (1 with look-back)
-  int64_t num_seq_blocks;  // blocks of 32 * CPL sequences
+  int64_t num_seq_blocks;  // blocks of LANES * CPL sequences
   LookbackState lb;
 };
 
@@ -77,16 +78,17 @@ struct ChannelPack {
   __device__ __forceinline__ void set(int k, float f) { v[k] = from_float<T>(f); }
 };
 
-template <typename T, int CH, int ROWS, int MIN_BLOCKS, int CPL, bool kPrefetch, bool kBackward>
+template <typename T, int CH, int ROWS, int MIN_BLOCKS, int CPL, bool kPrefetch, bool kBackward, int LANES = 32>
 __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : MIN_BLOCKS)
     scan_channel_kernel(const ScanParams p, const ChannelArgs args) {
-  constexpr int kSpan = CH * ROWS, kChannels = 32 * CPL, kThreads = 32 * ROWS;
+  static_assert(LANES == 32 || LANES == 16 || LANES == 8, "LANES divides a warp");
+  constexpr int kSub = 32 / LANES, kSpan = CH * ROWS * kSub, kChannels = LANES * CPL, kThreads = 32 * ROWS;
   using Pack = ChannelPack<T, CPL>;
-  // Channel (lane, k) of the block (sequence lane * CPL + k) sits at index k * 32 + lane: a
-  // warp's writes of one k are 32 consecutive words.
+  // Channel (lane, k) of the block (sequence lane * CPL + k) sits at index k * LANES + lane: a
+  // lane group's writes of one k are LANES consecutive words.
   __shared__ int64_t s_vid;
   __shared__ float s_a[ROWS][kChannels], s_b[ROWS][kChannels], s_state[kChannels];
-  const int lane = threadIdx.x & 31, row = threadIdx.x >> 5;
+  const int lane = threadIdx.x % LANES, sub = (threadIdx.x & 31) / LANES, row = threadIdx.x >> 5;
   const LookbackState lb = args.lb;
   const bool lookback = args.num_chunks > 1;
   if (lookback) {  // chunk-major dynamic order: predecessors of a span were started before it
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
 #pragma unroll
   for (int k = 0; k < CPL; ++k) {
     init[k] = h0 && active ? to_float(h0[k * p.bstride[kInit][0]]) : 0.f;
-    if (row == 0) s_state[k * 32 + lane] = kBackward ? 0.f : init[k];  // read after the first barrier
+    if (row == 0 && sub == 0) s_state[k * LANES + lane] = kBackward ? 0.f : init[k];  // read after the first barrier
   }
   T* dx = slot_ptr<T>(p, kGradIn, si.offset(p, kGradIn));  // backward outputs (null in the forward)
   T* dc = p.accumulate_grad_coeff ? nullptr : slot_ptr<T>(p, kGradCoeff, si.offset(p, kGradCoeff));
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
     }
   };
   const auto span_steps = [&](int64_t span, int64_t* t0) {
-    *t0 = (chunk * args.spans_per_block + span) * kSpan + row * CH;
+    *t0 = (chunk * args.spans_per_block + span) * kSpan + (row * kSub + sub) * CH;
     return !active || *t0 >= L ? 0 : static_cast<int>(L - *t0 < CH ? L - *t0 : CH);
   };
   // kPrefetch (pipe mode): the next span's loads are issued before this span's compose, so a
@@ -179,13 +181,25 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
     } else {
       load_span(t0, n, v, c, yn);
     }
+    Affine before[CPL];  // kSub > 1: the map of the warp's runs before this thread's, per channel
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
       Affine agg{1.f, 0.f};
 #pragma unroll
       for (int i = 0; i < CH; ++i) agg = ComposeOp()(agg, Affine{c[i].get(k), v[i].get(k)});
-      s_a[row][k * 32 + lane] = agg.a;
-      s_b[row][k * 32 + lane] = agg.b;
+#pragma unroll
+      for (int d = 1; d < kSub; d <<= 1) {  // inclusive scan of the warp's runs, LANES lanes apart
+        const Affine e{__shfl_up_sync(0xffffffffu, agg.a, d * LANES), __shfl_up_sync(0xffffffffu, agg.b, d * LANES)};
+        if (sub >= d) agg = ComposeOp()(e, agg);
+      }
+      if constexpr (kSub > 1) {
+        before[k] = {__shfl_up_sync(0xffffffffu, agg.a, LANES), __shfl_up_sync(0xffffffffu, agg.b, LANES)};
+        if (sub == 0) before[k] = {1.f, 0.f};
+      }
+      if (sub == kSub - 1) {
+        s_a[row][k * LANES + lane] = agg.a;
+        s_b[row][k * LANES + lane] = agg.b;
+      }
     }
     __syncthreads();
     for (int j = threadIdx.x; j < kChannels; j += kThreads) {  // one channel per thread
@@ -198,7 +212,7 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
         total = ComposeOp()(total, m);
       }
       float h_in = s_state[j];
-      const int64_t seq_j = block_seq + (j & 31) * CPL + (j >> 5);
+      const int64_t seq_j = block_seq + (j % LANES) * CPL + j / LANES;
       if (lookback && seq_j < p.num_seq) {
         const int64_t index = chunk * p.num_seq + seq_j;
         if (chunk > 0) {
@@ -215,7 +229,8 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
     float h_last[CPL];
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
-      float h = s_b[row][k * 32 + lane], g[CH];
+      float h = s_b[row][k * LANES + lane], g[CH];
+      if constexpr (kSub > 1) h = fmaf(before[k].a, h, before[k].b);
       h_last[k] = 0.f;
 #pragma unroll
       for (int i = 0; i < CH; ++i) {

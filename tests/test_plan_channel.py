@@ -1,0 +1,100 @@
+"""The CUDA planner's channel-kernel defaults ((B, L, D) scanned along L), checked on the host as in
+test_plan_host (plan.h is torch-free)."""
+import pytest
+
+from test_plan_host import _SHOW, CXX, _run_program
+
+_CHANNEL_PROGRAM = _SHOW + r"""
+// (B, L, D) contiguous, scanned along L: the channel kernel's layout on an H100.
+static void show_bld(int elem_size, bool backward, long long B, long long L, long long D) {
+  ScanParams p{};
+  p.len = L; p.num_seq = B * D; p.nbatch = 2; p.bsize[0] = D; p.bsize[1] = B; p.backward = backward;
+  alignas(128) static float buf[32];  // 128-byte aligned rows where D allows
+  for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = D; p.bstride[s][0] = 1; p.bstride[s][1] = L * D; }
+  for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
+  const DeviceInfo dev{132, 9, 232448};
+  bool inapplicable;
+  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  std::printf("%s %lld %lld\n", config_name(plan.kind, elem_size, plan.config),
+              static_cast<long long>(plan.num_chunks), static_cast<long long>(plan.per_chunk));
+}
+int main() {
+  for (int elem : {4, 2})
+    for (bool bwd : {false, true}) {
+      show_bld(elem, bwd, 8, 4096, 4096);  // mamba-BLD: channel blocks for a wave and more
+      show_bld(elem, bwd, 32, 512, 768);   // 192 blocks of 128 channels
+      show_bld(elem, bwd, 4, 4096, 2048);  // 64: chained by look-back
+      show_bld(elem, bwd, 1, 8192, 256);   // 2: chained by look-back
+      show_bld(elem, bwd, 1, 8192, 128);   // 1
+    }
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_channel_pipe_defaults(tmp_path):
+    """Channel blocks walk L with prefetching configs where they fill 3/4 of a wave, forward and
+    backward (backward: 4 steps of 4 channels, two blocks per SM for a 2-byte type and one for
+    float32; else for a 2-byte type 8 steps over one block per SM), then the same configs with 8 lanes
+    per step where channel_lanes_default takes them (see test_channel_lanes_defaults); fewer channel
+    blocks take the default config chained by look-back: the float32 backward over 32 or more blocks
+    of 128 channels takes 4 steps of 4 channels (configs_sm90.h's channel_wide), over 2-31 blocks 16
+    steps of 4 channels (1 x 8192 x 256), over one, pairs (1 x 8192 x 128)."""
+    got = _run_program(tmp_path, "channel", _CHANNEL_PROGRAM)
+    assert got == [
+        # float32 forward: pairs, 8 steps over 16 warps, prefetching, where they fill 3/4 of a wave
+        "channel.s8r16b1p2.pipe 1 32", "channel.s8r16b1p2.pipe 1 4", "channel.s8r16b1p2.pipe 1 32",
+        "channel.s16r8b2p2 64 1", "channel.s16r8b2p2 64 1",
+        # float32 backward: groups of 4 channels, 128 per block; 64 blocks look back over 32-step
+        # spans of 4 channels, 2 blocks over 64-step spans of 4 channels, 1 over 128-step spans of pairs
+        # (4 x 4096 x 2048: 256 blocks of 32 channels walk L, 8 lanes)
+        "channel.s4r8b2c4.pipe 1 128", "channel.s4r8b2c4.pipe 1 16", "channel.s4r8b2c4l8.pipe 1 32",
+        "channel.s16r4b2c4 128 1", "channel.s8r16b1p2 64 1",
+        # 2-byte forward: 768 blocks of 32 channels (8 lanes) walk L at 2.9 waves; 256 at one wave
+        "channel.s8r8b2c4.pipe 1 64", "channel.s8r8b2c4l8.pipe 1 2", "channel.s8r8b2c4l8.pipe 1 16",
+        "channel.s16r8b2c4 64 1", "channel.s16r8b2c4 64 1",
+        # 2-byte backward: 198 blocks or more two per SM, 99 or more one per SM
+        "channel.s4r8b3c4.pipe 1 128", "channel.s8r8b2c4.pipe 1 8", "channel.s4r8b3c4l8.pipe 1 32",
+        "channel.s8r8b2c4 128 1",
+        "channel.s8r8b2c4 128 1",
+    ]
+
+
+_LANES_PROGRAM = _SHOW + r"""
+static void show_bld(int elem_size, bool backward, long long B, long long L, long long D) {
+  ScanParams p{};
+  p.len = L; p.num_seq = B * D; p.nbatch = 2; p.bsize[0] = D; p.bsize[1] = B; p.backward = backward;
+  alignas(128) static float buf[32];
+  for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = D; p.bstride[s][0] = 1; p.bstride[s][1] = L * D; }
+  for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
+  const DeviceInfo dev{132, 9, 232448, 36.4f};  // an H200
+  bool inapplicable;
+  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  std::printf("%s\n", config_name(plan.kind, elem_size, plan.config));
+}
+int main() {
+  show_bld(4, true, 4, 2048, 1536);   // float32 backward, 192 blocks of 32 channels: 1.45 waves
+  show_bld(4, false, 4, 2048, 1536);  // its forward: 384 blocks of 16 at 2.9 waves, look-back
+  show_bld(4, false, 2, 16384, 1024); // 128 blocks of 16: one wave
+  show_bld(2, false, 4, 4096, 2048);  // 2-byte forward, 256 blocks of 32 (two per SM): one wave
+  show_bld(2, false, 12, 6144, 1024); // 384: 1.45 waves, look-back
+  show_bld(2, false, 8, 4096, 2048);  // 512: 1.94 waves
+  show_bld(2, false, 16, 2048, 1000); // 500, rows of 2000 bytes: look-back
+  show_bld(2, true, 4, 4096, 2048);   // 2-byte backward, 256 blocks of 32: one wave
+  show_bld(2, true, 12, 6144, 1024);  // 384: look-back
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_channel_lanes_defaults(tmp_path):
+    """The 8-lane channel configs (a quarter of the channels per block) walk L by default where the
+    32-lane blocks would chain spans by look-back: the float32 backward from 3/4 of a wave of blocks;
+    otherwise where the blocks fit one wave, and the 2-byte forward from 7/4 waves; 2-byte types on
+    128-byte aligned rows only (plan.h channel_lanes_default)."""
+    got = _run_program(tmp_path, "lanes", _LANES_PROGRAM)
+    assert got == [
+        "channel.s4r8b2c4l8.pipe", "channel.s16r8b2p2", "channel.s8r16b1p2l8.pipe",
+        "channel.s8r8b2c4l8.pipe", "channel.s16r8b2c4", "channel.s8r8b2c4l8.pipe", "channel.s16r8b2c4",
+        "channel.s4r8b3c4l8.pipe", "channel.s8r8b2c4",
+    ]
