@@ -22,8 +22,8 @@ int main() {
   for (int elem : {4, 2})
     for (bool bwd : {false, true}) {
       show_bld(elem, bwd, 8, 4096, 4096);  // mamba-BLD: channel blocks for a wave and more
-      show_bld(elem, bwd, 32, 512, 768);   // 192 blocks of 128 channels
-      show_bld(elem, bwd, 4, 4096, 2048);  // 64: chained by look-back
+      show_bld(elem, bwd, 32, 512, 768);   // 192 blocks of 128 channels, 768 of 32 (8 lanes)
+      show_bld(elem, bwd, 4, 4096, 2048);  // 64: look-back, or 256 of 32 channels (8 lanes)
       show_bld(elem, bwd, 1, 8192, 256);   // 2: chained by look-back
       show_bld(elem, bwd, 1, 8192, 128);   // 1
     }
