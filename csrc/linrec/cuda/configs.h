@@ -53,6 +53,8 @@ struct ChannelConfig {
   constexpr int threads() const { return 32 * rows; }
   constexpr int64_t span() const { return int64_t(steps) * rows * (32 / lanes); }
   constexpr int64_t channels() const { return int64_t(lanes) * cpl; }
+  // Resident blocks per SM its launch bounds ask for (the kernel's: half in the backward).
+  constexpr int blocks_per_sm(bool backward) const { return backward ? (min_blocks + 1) / 2 : min_blocks; }
 };
 // One channel per lane (any channel stride); a pair per lane; then groups of up to 16 bytes per
 // lane (4 float32 / 4 or 8 16-bit channels) with fewer steps per thread to keep the registers; the

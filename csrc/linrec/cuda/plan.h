@@ -408,7 +408,7 @@ inline void plan_ring(ScanPlan& plan, const ScanParams& p, int elem_size, const 
 inline bool channel_pipe(const ScanParams& p, const DeviceInfo& dev, const ChannelConfig& cfg) {
   const int64_t seq_blocks = ceil_div(p.num_seq, cfg.channels());
   if (cfg.prefetch && (!p.backward || cfg.rows <= 8))
-    return 4 * seq_blocks >= 3 * int64_t(dev.num_sms) * (p.backward ? (cfg.min_blocks + 1) / 2 : cfg.min_blocks);
+    return 4 * seq_blocks >= 3 * int64_t(dev.num_sms) * cfg.blocks_per_sm(p.backward);
   return seq_blocks >= 2 * int64_t(dev.num_sms) * cfg.min_blocks;
 }
 
@@ -427,7 +427,7 @@ inline bool channel_pipe(const ScanParams& p, const DeviceInfo& dev, const Chann
 inline bool channel_lanes_default(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ChannelConfig& cfg) {
   if (cfg.lanes == 32 || (elem_size == 4 && p.backward)) return true;
   if (elem_size == 2 && !channel_groups(p, elem_size, 128 / elem_size)) return false;
-  const int64_t wave = int64_t(dev.num_sms) * (p.backward ? (cfg.min_blocks + 1) / 2 : cfg.min_blocks);
+  const int64_t wave = int64_t(dev.num_sms) * cfg.blocks_per_sm(p.backward);
   const int64_t blocks = ceil_div(p.num_seq, cfg.channels());
   return blocks <= wave || (elem_size == 2 && !p.backward && 4 * blocks >= 7 * wave);
 }
