@@ -415,9 +415,13 @@ def test_channel_kernel_broadcast_coeffs(coeffs_shape, reverse):
 @pytest.mark.parametrize("config", _by_index("tile"))
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="f32"), pytest.param(torch.bfloat16, id="bf16")])
 @pytest.mark.parametrize("reverse", REVERSE)
-@pytest.mark.parametrize("shape", [(3000, 1024), (5000, 37), (2500, 3000)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(3000, 1024), (5000, 37), (2500, 3000), (600, 1000)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_tile_kernel_configs(shape, reverse, dtype, config):
-    """Every tile config in place of the length-chosen one (a block walking several tiles)."""
+    """Every tile config in place of the length-chosen one (a block walking several tiles); rows of
+    3000 and 1000 steps end inside a warp's steps on a vector boundary, where that warp's accesses
+    are striped over the vectors before the row's end (WarpStripe::row_vectors): in memory the
+    forward's last warp, the backward's first."""
     name = _names("tile", _elem_size(dtype))[config]
     x, c, h0 = _rows(shape[0], shape[1], dtype, seed=zlib.crc32(repr((shape, reverse, str(dtype))).encode()))
     check_against_cpu_kernel(x, c, h0, -1, reverse, dtype, name, name)

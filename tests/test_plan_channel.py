@@ -53,8 +53,10 @@ def test_channel_pipe_defaults(tmp_path):
         # 2-byte forward: 768 blocks of 32 channels (8 lanes) walk L at 2.9 waves; 256 at one wave
         "channel.s8r8b2c4.pipe 1 64", "channel.s8r8b2c4l8.pipe 1 2", "channel.s8r8b2c4l8.pipe 1 16",
         "channel.s16r8b2c4 64 1", "channel.s16r8b2c4 64 1",
-        # 2-byte backward: 198 blocks or more two per SM, 99 or more one per SM
-        "channel.s4r8b3c4.pipe 1 128", "channel.s8r8b2c4.pipe 1 8", "channel.s4r8b3c4l8.pipe 1 32",
+        # 2-byte backward: 198 blocks or more two per SM, 99 to 132 one per SM; else 8 lanes: one per SM
+        # on rows of 8 spans or more (4 x 4096 x 2048), two per SM on shorter ones (32 x 512 x 768:
+        # 192 blocks of 128 channels would take 1.45 waves)
+        "channel.s4r8b3c4.pipe 1 128", "channel.s4r8b3c4l8.pipe 1 4", "channel.s8r8b2c4l8.pipe 1 16",
         "channel.s8r8b2c4 128 1",
         "channel.s8r8b2c4 128 1",
     ]
@@ -80,8 +82,13 @@ int main() {
   show_bld(2, false, 12, 6144, 1024); // 384: 1.45 waves, look-back
   show_bld(2, false, 8, 4096, 2048);  // 512: 1.94 waves
   show_bld(2, false, 16, 2048, 1000); // 500, rows of 2000 bytes: look-back
-  show_bld(2, true, 4, 4096, 2048);   // 2-byte backward, 256 blocks of 32: one wave
-  show_bld(2, true, 12, 6144, 1024);  // 384: look-back
+  show_bld(2, true, 4, 4096, 2048);   // 2-byte backward, 256 blocks of 32 over 16 spans
+  show_bld(2, true, 12, 6144, 1024);  // 384 over 24 spans
+  show_bld(2, true, 8, 2048, 2560);   // 160 blocks of 128 channels: 1.21 waves; 640 of 32 over 8 spans
+  show_bld(2, true, 24, 1024, 1024);  // 192 of 128: 1.45 waves; 768 of 32 over 8 spans of 128 steps
+  show_bld(2, true, 16, 2048, 1024);  // 128 of 128: one wave
+  show_bld(2, true, 24, 2048, 1000);  // 192 of 128 at 1.45 waves, rows of 2000 bytes: kept
+  show_bld(2, true, 2, 4096, 1536);   // 96 of 32 channels over 16 spans: look-back
 }
 """
 
@@ -90,11 +97,14 @@ int main() {
 def test_channel_lanes_defaults(tmp_path):
     """The 8-lane channel configs (a quarter of the channels per block) walk L by default where the
     32-lane blocks would chain spans by look-back: the float32 backward from 3/4 of a wave of blocks;
-    otherwise where the blocks fit one wave, and the 2-byte forward from 7/4 waves; 2-byte types on
-    128-byte aligned rows only (plan.h channel_lanes_default)."""
+    the forwards where the blocks fit one wave, and the 2-byte forward from 7/4 waves; the 2-byte
+    backward's one-per-SM config on rows of 8 spans or more, its two-per-SM config on shorter rows, and
+    in place of 32-lane blocks of one per SM past one wave; 2-byte types on 128-byte aligned rows
+    only (plan.h channel_lanes_default)."""
     got = _run_program(tmp_path, "lanes", _LANES_PROGRAM)
     assert got == [
         "channel.s4r8b2c4l8.pipe", "channel.s16r8b2p2", "channel.s8r16b1p2l8.pipe",
         "channel.s8r8b2c4l8.pipe", "channel.s16r8b2c4", "channel.s8r8b2c4l8.pipe", "channel.s16r8b2c4",
-        "channel.s4r8b3c4l8.pipe", "channel.s8r8b2c4",
+        "channel.s8r8b2c4l8.pipe", "channel.s8r8b2c4l8.pipe", "channel.s8r8b2c4l8.pipe",
+        "channel.s4r8b3c4l8.pipe", "channel.s8r8b2c4.pipe", "channel.s8r8b2c4.pipe", "channel.s8r8b2c4",
     ]

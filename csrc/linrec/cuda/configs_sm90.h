@@ -93,13 +93,14 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
   // fill one block per SM of 8 steps, 0.78 vs 0.72; float32 4 steps of 4 channels, 0.96 vs 0.58
   // (32 x 512 x 768: 0.84 vs 0.60).
   // Where too few of their blocks span the channels, the same configs with 8 lanes per step (a
-  // quarter of the channels per block) walk L instead of chaining spans by look-back.
+  // quarter of the channels per block) walk L instead of chaining spans by look-back; the 2-byte
+  // backward's of one block per SM before those of two (plan.h channel_lanes_default).
   for (int& c : d.channel_pipe) c = -1;
   if (!backward) {
     if (group_width >= (elem_size == 2 ? 4 : 2)) d.channel_pipe[0] = 9, d.channel_pipe[1] = 11;
   } else if (group_width >= 4) {
     if (elem_size == 2)
-      d.channel_pipe[0] = 10, d.channel_pipe[1] = 9, d.channel_pipe[2] = 12, d.channel_pipe[3] = 11;
+      d.channel_pipe[0] = 10, d.channel_pipe[1] = 9, d.channel_pipe[2] = 11, d.channel_pipe[3] = 12;
     else
       d.channel_pipe[0] = 10, d.channel_pipe[1] = 12;
   }

@@ -412,23 +412,37 @@ inline bool channel_pipe(const ScanParams& p, const DeviceInfo& dev, const Chann
   return seq_blocks >= 2 * int64_t(dev.num_sms) * cfg.min_blocks;
 }
 
-// Whether a default may take the 8-lane channel config `cfg` (configs.h: a quarter of the channels
-// per block, so enough blocks to walk L where the 32-lane blocks chain spans by look-back). H200, of
-// torch.add, look-back default -> 8 lanes (bench/NOTES.md item 81): the float32 backward gains from
-// 3/4 of a wave of blocks on (4 x 2048 x 1000 0.63 -> 0.88, 4 x 2048 x 1536 at 1.45 waves 0.66 ->
-// 0.80, 4 x 4096 x 2048 0.67 -> 0.92); the other directions and types where the blocks fit one
-// wave (float32 forward 2 x 16384 x 1024 0.79 -> 0.83, bf16 4 x 4096 x 2048 forward 0.72 -> 0.78,
-// backward 0.70 -> 0.83), the 2-byte forward also from 7/4 waves (bf16 8 x 4096 x 2048 0.76 ->
-// 0.80, 8 x 2048 x 2560 0.75 -> 0.79, 32 x 512 x 768 0.70 -> 0.73). With a partial second wave the
-// walks of its blocks lose (fp16 12 x 6144 x 1024 forward 0.74 -> 0.66, float32 3 x 2048 x 1024
-// 0.74 -> 0.69; the float32 forward at 2-3 waves too, 6 x 2048 x 1024 0.80 -> 0.76), and a 2-byte
-// block's 64-byte accesses lose on rows not 128-byte aligned at any count measured (bf16 D = 1000:
-// 0.58-0.61 against 0.67-0.70).
+// Whether a default may take the prefetching channel config `cfg` where channel_pipe lets its
+// blocks walk L. The 8-lane configs (configs.h: a quarter of the channels per block, so enough
+// blocks to walk L where the 32-lane blocks chain spans by look-back), H200, of torch.add, look-back
+// default -> 8 lanes (bench/NOTES.md item 81): the float32 backward gains from 3/4 of a wave of blocks
+// on (4 x 2048 x 1000 0.63 -> 0.88, 4 x 2048 x 1536 at 1.45 waves 0.66 -> 0.80, 4 x 4096 x 2048 0.67
+// -> 0.92); the forwards where the blocks fit one wave (float32 2 x 16384 x 1024 0.79 -> 0.83, bf16
+// 4 x 4096 x 2048 0.72 -> 0.78), the 2-byte forward also from 7/4 waves (bf16 8 x 4096 x 2048 0.76
+// -> 0.80, 8 x 2048 x 2560 0.75 -> 0.79, 32 x 512 x 768 0.70 -> 0.73). With a partial second wave
+// the forward's walks lose (fp16 12 x 6144 x 1024 0.74 -> 0.66, float32 3 x 2048 x 1024 0.74 ->
+// 0.69; the float32 forward at 2-3 waves too, 6 x 2048 x 1024 0.80 -> 0.76), and a 2-byte block's
+// 64-byte accesses lose on rows not 128-byte aligned at any count measured (bf16 D = 1000: 0.58-0.61
+// against 0.67-0.70).
+// The 2-byte backward (item 82): the 8-lane blocks of one per SM and 256-step spans walk wherever
+// they run 8 spans or more (bf16 8 x 8192 x 1024 0.73 -> 0.85, 3 x 4096 x 4096 0.70 -> 0.84, fp16
+// 12 x 6144 x 1024 0.70 -> 0.85, bf16 6 x 4096 x 3072 0.55 -> 0.76), else where they fit one wave;
+// those of two per SM and 128-step spans on shorter rows (24 x 1024 x 1024 0.75 -> 0.82, 32 x 512 x
+// 768 0.78 -> 0.83; they lose to the former from 2048 steps, 3 x 4096 x 4096 0.72 against 0.84). The
+// 32-lane blocks of one per SM past one wave yield to them (8 x 2048 x 2560 at 1.21 waves 0.63 ->
+// 0.80, 12 x 2048 x 2048 at 1.45 0.74 -> 0.79; within one wave they stay ahead, 16 x 2048 x 1024 0.91
+// against 0.80), on rows the 8-lane blocks take.
 inline bool channel_lanes_default(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ChannelConfig& cfg) {
-  if (cfg.lanes == 32 || (elem_size == 4 && p.backward)) return true;
-  if (elem_size == 2 && !channel_groups(p, elem_size, 128 / elem_size)) return false;
   const int64_t wave = int64_t(dev.num_sms) * cfg.blocks_per_sm(p.backward);
   const int64_t blocks = ceil_div(p.num_seq, cfg.channels());
+  const bool lanes8_rows = elem_size == 4 || channel_groups(p, elem_size, 128 / elem_size);
+  if (elem_size == 2 && p.backward) {
+    const bool one_per_sm = cfg.blocks_per_sm(true) == 1;
+    if (cfg.lanes == 32) return !one_per_sm || blocks <= wave || !lanes8_rows;
+    return lanes8_rows && (!one_per_sm || blocks <= wave || p.len >= 8 * cfg.span());
+  }
+  if (cfg.lanes == 32 || (elem_size == 4 && p.backward)) return true;
+  if (!lanes8_rows) return false;
   return blocks <= wave || (elem_size == 2 && !p.backward && 4 * blocks >= 7 * wave);
 }
 

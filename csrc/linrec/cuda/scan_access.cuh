@@ -135,7 +135,8 @@ __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, Ste
     if (r.has(i)) base[(tf + i) * ls] = from_float<T>(v[i]);
 }
 
-// Warp-striped 16-byte accesses for a warp whose 32 x E steps all lie in the row: each access
+// Warp-striped 16-byte accesses for a warp whose 32 x E steps lie in the row (or its first n vectors,
+// where the row ends inside the warp's steps on a vector boundary: row_vectors): each access
 // instruction of the warp covers 512 contiguous bytes, and shared memory moves the vectors between
 // that order and the blocked one the scan needs (lane l: steps tf .. tf+E-1, tf = the warp's first
 // step + l * E). Blocked 16-byte accesses of two or more vectors per lane touch twice the sectors
@@ -146,6 +147,7 @@ __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, Ste
 template <typename T, int E, int NT>
 struct WarpStripe {
   static constexpr int kVectors = E * static_cast<int>(sizeof(T)) / 16;  // per lane
+  static constexpr int kWarpVectors = 32 * kVectors;
   // The 2-byte 16-step tile over one warp too, at its 64-register cap: spill-free since the tile
   // kernel's prologue keeps no offsets in shared memory (bf16 131072 x 1024 on the H200: 0.965 /
   // 0.890 -> 0.984 / 0.904 of a vector add forward / backward; bench/NOTES.md item 75).
@@ -168,10 +170,39 @@ struct WarpStripe {
   // Lane l's blocked run is the (l)th of the warp in memory order, or the (31 - l)th when ls < 0.
   static __device__ __forceinline__ int run(int64_t ls) { return ls > 0 ? (threadIdx.x & 31) : 31 - (threadIdx.x & 31); }
 
-  static __device__ __forceinline__ void load(const T* base, int64_t ls, int64_t tf, Vectors& g) {
+  // How many of the warp's vectors (walk order) the row holds: all where every lane's E steps lie in
+  // it; kPartial: also where the row ends inside the warp's steps on a vector boundary (a row's last
+  // warp, e.g. L = 1000 over 512-step tiles), the ones before its end; else 0 (blocked accesses: the
+  // row ends inside a vector, or a shifted row's first thread). Warp-uniform; every lane calls it.
+  template <bool kPartial>
+  static __device__ __forceinline__ int row_vectors(int64_t tf, StepSpan r, int64_t L) {
+    if (__all_sync(0xffffffffu, r.full(E))) return kWarpVectors;
+    if constexpr (!kPartial) return 0;
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+    const int64_t left = L - (tf - static_cast<int64_t>(threadIdx.x & 31) * E);  // steps from the warp's first
+    const bool ok = __all_sync(0xffffffffu, r.lo == 0) && left > 0 && left < int64_t(kWarpVectors) * kVec &&
+                    left % kVec == 0;
+    return ok ? static_cast<int>(left / kVec) : 0;
+  }
+  // Whether the warp's vector j (memory order) is among its first n in walk order.
+  static __device__ __forceinline__ bool in_row(int j, int64_t ls, int n) {
+    return (ls > 0 ? j : kWarpVectors - 1 - j) < n;
+  }
+
+  // The warp's first n vectors (row_vectors<kPartial>; the rest read as zeros and touch no memory).
+  template <bool kPartial = false>
+  static __device__ __forceinline__ void load(const T* base, int64_t ls, int64_t tf, Vectors& g,
+                                              int n = kWarpVectors) {
     const uint4* v0 = reinterpret_cast<const uint4*>(first_vector(base, ls, tf));
+    const int lane = threadIdx.x & 31;
+    if (!kPartial || n == kWarpVectors) {
 #pragma unroll
-    for (int k = 0; k < kVectors; ++k) g[k] = v0[k * 32 + (threadIdx.x & 31)];
+      for (int k = 0; k < kVectors; ++k) g[k] = v0[k * 32 + lane];
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k)
+        g[k] = in_row(k * 32 + lane, ls, n) ? v0[k * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
+    }
   }
   // Striped vectors (from load) -> this lane's run, in memory order.
   static __device__ __forceinline__ StepVectors<T, E> gather(const Vectors& g, int64_t ls) {
@@ -186,8 +217,10 @@ struct WarpStripe {
     __syncwarp();
     return buf;
   }
-  // This lane's E steps (walk order) -> memory, striped.
-  static __device__ __forceinline__ void store(T* base, int64_t ls, int64_t tf, const float (&v)[E]) {
+  // This lane's E steps (walk order) -> memory, striped: the warp's first n vectors (row_vectors).
+  template <bool kPartial = false>
+  static __device__ __forceinline__ void store(T* base, int64_t ls, int64_t tf, const float (&v)[E],
+                                               int n = kWarpVectors) {
     StepVectors<T, E> buf;
     steps_to_vectors<T, E>(v, ls, buf);
     uint4* st = stage();
@@ -196,8 +229,10 @@ struct WarpStripe {
     for (int k = 0; k < kVectors; ++k) st[slot(run0 + k)] = buf.u[k];
     __syncwarp();
     uint4* v0 = reinterpret_cast<uint4*>(first_vector(base, ls, tf));
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int k = 0; k < kVectors; ++k) v0[k * 32 + (threadIdx.x & 31)] = st[slot(k * 32 + (threadIdx.x & 31))];
+    for (int k = 0; k < kVectors; ++k)
+      if (!kPartial || n == kWarpVectors || in_row(k * 32 + lane, ls, n)) v0[k * 32 + lane] = st[slot(k * 32 + lane)];
     __syncwarp();
   }
 };

@@ -172,19 +172,22 @@ __device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&y
 // neighbouring lanes' end values (shuffles): only the lanes at a warp's edges load them from
 // global memory, where every lane used to (one sector per lane and load).
 // kStripe: full warps load the operands striped (WarpStripe; the tile kernel's own tiles, not the
-// stream kernel's partial ones, whose shared memory is budgeted to the byte).
-template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false, bool kStripe = false>
+// stream kernel's partial ones, whose shared memory is budgeted to the byte); kPartialStripe: also a
+// row's last warp where the row ends on a vector boundary (WarpStripe::row_vectors).
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false, bool kStripe = false,
+          bool kPartialStripe = false>
 __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float (&v)[E], float (&c)[E], float (&yn)[E]) {
   using Stripe = WarpStripe<T, E, NT>;
   bool striped = false;
   if constexpr (kStripe && Stripe::kOn) {
     constexpr unsigned kRead = 1u << kIn | 1u << kCoeff | (kBackward ? 1u << kOut : 0u);
-    if ((vm & kRead) == kRead && __all_sync(0xffffffffu, r.full(E))) {
+    const int n = (vm & kRead) == kRead ? Stripe::template row_vectors<kPartialStripe>(tf, r, L) : 0;
+    if (n > 0) {
       typename Stripe::Vectors gv, gc, gy;  // every operand's loads in flight before any is rearranged
-      Stripe::load(s.in, s.ls_in, tf, gv);
-      Stripe::load(s.cf, s.ls_c, tf, gc);
-      if constexpr (kBackward) Stripe::load(s.y, s.ls_y, tf, gy);
+      Stripe::template load<kPartialStripe>(s.in, s.ls_in, tf, gv, n);
+      Stripe::template load<kPartialStripe>(s.cf, s.ls_c, tf, gc, n);
+      if constexpr (kBackward) Stripe::template load<kPartialStripe>(s.y, s.ls_y, tf, gy, n);
       vectors_to_steps<T, E>(Stripe::gather(gv, s.ls_in), s.ls_in, v);
       vectors_to_steps<T, E>(Stripe::gather(gc, s.ls_c), s.ls_c, c);
       if constexpr (!kBackward) return;  // (an early return keeps the forward's registers as they were)
@@ -272,7 +275,7 @@ __device__ __forceinline__ void load_packed(const T* base, int64_t ls, int64_t t
 
 // load_tile_global of the 2-byte backward with c and y packed: the same steps and shifts (c[t-1],
 // y[t+1], shift_backward_operands), the shifts done on the words (one byte permute per word).
-template <typename T, int E, int NT, bool kEdgeVectors>
+template <typename T, int E, int NT, bool kEdgeVectors, bool kPartialStripe>
 __device__ __forceinline__ void load_tile_global_packed(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                         unsigned vm, float (&v)[E], PackedSteps<T, E>& c,
                                                         PackedSteps<T, E>& yn) {
@@ -282,11 +285,12 @@ __device__ __forceinline__ void load_tile_global_packed(const SeqTensors<T>& s, 
   bool striped = false;
   if constexpr (Stripe::kOn) {  // as load_tile_global
     constexpr unsigned kRead = 1u << kIn | 1u << kCoeff | 1u << kOut;
-    if ((vm & kRead) == kRead && __all_sync(0xffffffffu, r.full(E))) {
+    const int n = (vm & kRead) == kRead ? Stripe::template row_vectors<kPartialStripe>(tf, r, L) : 0;
+    if (n > 0) {
       typename Stripe::Vectors gv, gc, gy;
-      Stripe::load(s.in, s.ls_in, tf, gv);
-      Stripe::load(s.cf, s.ls_c, tf, gc);
-      Stripe::load(s.y, s.ls_y, tf, gy);
+      Stripe::template load<kPartialStripe>(s.in, s.ls_in, tf, gv, n);
+      Stripe::template load<kPartialStripe>(s.cf, s.ls_c, tf, gc, n);
+      Stripe::template load<kPartialStripe>(s.y, s.ls_y, tf, gy, n);
       vectors_to_steps<T, E>(Stripe::gather(gv, s.ls_in), s.ls_in, v);
       vectors_to_packed<T, E>(Stripe::gather(gc, s.ls_c), s.ls_c, cr);
       vectors_to_packed<T, E>(Stripe::gather(gy, s.ls_y), s.ls_y, yr);
@@ -422,15 +426,17 @@ __device__ __forceinline__ float replay_steps(float h, const StepRuns<E, K>& run
 
 // Stores a thread's outputs after replay_steps (backward: `yn` holds dc) except the slots in
 // `skip` (staged for a bulk store by the caller).
-// kStripeNT: the block's threads, whose full warps store striped (WarpStripe), or 0.
-template <typename T, int E, bool kBackward, bool kEdgeVectors = false, int kStripeNT = 0>
+// kStripeNT: the block's threads, whose full warps store striped (WarpStripe), or 0;
+// kPartialStripe: as load_tile_global's.
+template <typename T, int E, bool kBackward, bool kEdgeVectors = false, int kStripeNT = 0, bool kPartialStripe = false>
 __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r, unsigned vm,
                                               unsigned skip, float h_last, const float (&v)[E], const float (&yn)[E]) {
   using Stripe = WarpStripe<T, E, kStripeNT>;
   if constexpr (!kBackward) {
     if constexpr (Stripe::kOn) {
-      if (!(skip >> kOut & 1) && (vm >> kOut & 1) && __all_sync(0xffffffffu, r.full(E))) {
-        Stripe::store(s.y, s.ls_y, tf, v);
+      const int n = !(skip >> kOut & 1) && (vm >> kOut & 1) ? Stripe::template row_vectors<kPartialStripe>(tf, r, L) : 0;
+      if (n > 0) {
+        Stripe::template store<kPartialStripe>(s.y, s.ls_y, tf, v, n);
         return;
       }
     }
@@ -438,9 +444,10 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
   } else {
     if constexpr (Stripe::kOn) {
       const unsigned want = vm & ~skip & (1u << kGradIn | (s.dc_acc ? 0u : 1u << kGradCoeff));
-      if (want && __all_sync(0xffffffffu, r.full(E))) {
-        if (want >> kGradIn & 1) Stripe::store(s.dx, s.ls_dx, tf, v);
-        if (want >> kGradCoeff & 1) Stripe::store(s.dc, s.ls_dc, tf, yn);
+      const int n = want ? Stripe::template row_vectors<kPartialStripe>(tf, r, L) : 0;
+      if (n > 0) {
+        if (want >> kGradIn & 1) Stripe::template store<kPartialStripe>(s.dx, s.ls_dx, tf, v, n);
+        if (want >> kGradCoeff & 1) Stripe::template store<kPartialStripe>(s.dc, s.ls_dc, tf, yn, n);
         skip |= want;
       }
     }
@@ -456,24 +463,26 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
 // Replays a thread's steps from the state `h` before them and stores the outputs.
 // (Staging full tiles through shared memory for whole-line stores measured slower on the H200:
 // many-short fwd+bwd 0.73 vs 0.80 of torch.add, bf16 many-short fwd 0.77 vs 0.80.)
-template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, bool kReset, int K, typename C, typename Y>
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, bool kReset, bool kPartialStripe, int K,
+          typename C, typename Y>
 __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                  unsigned vm, float h, const StepRuns<E, K>& runs, float (&v)[E],
                                                  const C& c, Y& yn) {
   if constexpr (std::is_same_v<Y, PackedSteps<T, E>>) {
     float dc[E];
     const float h_last = replay_steps<kReset>(h, runs, r, v, c, yn, dc);
-    store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, dc);
+    store_outputs<T, E, kBackward, kEdgeVectors, NT, kPartialStripe>(s, L, tf, r, vm, 0u, h_last, v, dc);
   } else {
     const float h_last = replay_steps<E, kBackward, kReset>(h, runs, r, v, c, yn);
-    store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, yn);
+    store_outputs<T, E, kBackward, kEdgeVectors, NT, kPartialStripe>(s, L, tf, r, vm, 0u, h_last, v, yn);
   }
 }
 
 // Scans a tile whose operands are in registers: each thread reduces its E steps to one
 // affine map, cub::BlockScan (with `carry` as prefix callback) gives its exclusive prefix,
 // and the thread replays its steps from there and stores them. kReset: segmented rows (apply_map).
-template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, bool kReset = false, typename C, typename Y>
+template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors, bool kReset = false,
+          bool kPartialStripe = false, typename C, typename Y>
 __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affine, NT>::TempStorage& storage,
                                                     TileCarry& carry, const SeqTensors<T>& s, int64_t L, int64_t tf,
                                                     StepSpan r, unsigned vm, float (&v)[E], const C& c, Y& yn) {
@@ -482,7 +491,7 @@ __device__ __forceinline__ void scan_tile_registers(typename cub::BlockScan<Affi
   StepRuns<E, sizeof(T) == 2 && E == 16 ? 1 : StepRuns<E>::kRuns> runs;
   cub::BlockScan<Affine, NT>(storage).ExclusiveScan(reduce_steps<E, kReset>(v, c, runs), prefix,
                                                     ComposeOpT<kReset>(), carry);
-  replay_and_store<T, E, NT, kBackward, kEdgeVectors, kReset>(s, L, tf, r, vm, prefix.b, runs, v, c, yn);
+  replay_and_store<T, E, NT, kBackward, kEdgeVectors, kReset, kPartialStripe>(s, L, tf, r, vm, prefix.b, runs, v, c, yn);
 }
 
 // One block per sequence (all its tiles, one after the other) or, with look-back
@@ -549,6 +558,11 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
   // forward would take 54 registers instead of 46: fewer blocks per SM).
   constexpr bool kEdgeVectors = (kPhaseShift || sizeof(T) == 2) && !(kBackward && sizeof(T) == 2 && E == 32);
   const unsigned vm = kPhaseShift ? row_vector_slots(s, args.vec_mask, phase) : args.vec_mask;
+  // A row's last warp accesses its vectors striped too where the row ends on a vector boundary (bf16
+  // 131072 x 1000 backward at 0.79 of torch.add against 0.91 at L = 1024 with blocked accesses there:
+  // 33% of the sectors excess, ncu; bench/NOTES.md item 82); not in shifted rows (the one-warp 2-byte
+  // backward's shifted variant, at its register cap, would spill).
+  constexpr bool kPartialStripe = !kPhaseShift;
   // The 2-byte backward keeps c and y packed (PackedSteps), the rest float arrays.
   constexpr bool kPacked = kBackward && sizeof(T) == 2;
   using Operands = std::conditional_t<kPacked, PackedSteps<T, E>, float[E]>;
@@ -566,12 +580,12 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
     float v[E];
     Operands c, yn;
     if constexpr (kPacked)
-      load_tile_global_packed<T, E, NT, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
+      load_tile_global_packed<T, E, NT, kEdgeVectors, kPartialStripe>(s, L, tf, r, vm, v, c, yn);
     else
-      load_tile_global<T, E, NT, kBackward, kEdgeVectors, /*kStripe=*/true>(s, L, tf, r, vm, v, c, yn);
+      load_tile_global<T, E, NT, kBackward, kEdgeVectors, /*kStripe=*/true, kPartialStripe>(s, L, tf, r, vm, v, c, yn);
     if constexpr (kSegments == kRowSegments) mask_segments<E, kBackward>(tf, static_cast<int>(p.seg_len), r, c, yn);
     if constexpr (kSegments == kTileSegments) mask_tile_segments<E, NT, kBackward>(t0, static_cast<int>(p.seg_len), c, yn);
-    scan_tile_registers<T, E, NT, kBackward, kEdgeVectors, kSegments != kNoSegments>(scan_storage, carry, s, L, tf, r,
+    scan_tile_registers<T, E, NT, kBackward, kEdgeVectors, kSegments != kNoSegments, kPartialStripe>(scan_storage, carry, s, L, tf, r,
                                                                                      vm, v, c, yn);
     if constexpr (kSegments != kNoSegments && kBackward) store_segment_grad_init<T>(s, p, L, tf, r);
     if (tile + 1 < args.tiles_per_chunk) __syncthreads();  // scan_storage is reused by the next tile
