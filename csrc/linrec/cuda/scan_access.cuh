@@ -1,9 +1,11 @@
 // A thread's run of E consecutive steps in global memory: which steps of the row it holds
 // (StepSpan), as 16-byte vectors (StepVectors), loaded and stored by the thread alone (load_steps,
 // store_steps) or by its warp, striped (WarpStripe: each access instruction covers 512 contiguous
-// bytes, rearranged through shared memory). The tile kernel's accesses (scan_tile.cuh).
+// bytes, rearranged through shared memory); the 2-byte backward's c and y kept packed (PackedSteps).
+// The tile kernel's accesses (scan_tile.cuh).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "scan_common.cuh"
 
@@ -136,7 +138,7 @@ __device__ __forceinline__ void store_steps(T* base, int64_t ls, int64_t tf, Ste
 }
 
 // Warp-striped 16-byte accesses for a warp whose 32 x E steps lie in the row (or its first n vectors,
-// where the row ends inside the warp's steps on a vector boundary: row_vectors): each access
+// where the row ends inside the warp's steps on a vector boundary: partial_vectors): each access
 // instruction of the warp covers 512 contiguous bytes, and shared memory moves the vectors between
 // that order and the blocked one the scan needs (lane l: steps tf .. tf+E-1, tf = the warp's first
 // step + l * E). Blocked 16-byte accesses of two or more vectors per lane touch twice the sectors
@@ -170,14 +172,16 @@ struct WarpStripe {
   // Lane l's blocked run is the (l)th of the warp in memory order, or the (31 - l)th when ls < 0.
   static __device__ __forceinline__ int run(int64_t ls) { return ls > 0 ? (threadIdx.x & 31) : 31 - (threadIdx.x & 31); }
 
-  // How many of the warp's vectors (walk order) the row holds: all where every lane's E steps lie in
-  // it; kPartial: also where the row ends inside the warp's steps on a vector boundary (a row's last
-  // warp, e.g. L = 1000 over 512-step tiles), the ones before its end; else 0 (blocked accesses: the
-  // row ends inside a vector, or a shifted row's first thread). Warp-uniform; every lane calls it.
-  template <bool kPartial>
-  static __device__ __forceinline__ int row_vectors(int64_t tf, StepSpan r, int64_t L) {
-    if (__all_sync(0xffffffffu, r.full(E))) return kWarpVectors;
-    if constexpr (!kPartial) return 0;
+  static __device__ __forceinline__ void load(const T* base, int64_t ls, int64_t tf, Vectors& g) {
+    const uint4* v0 = reinterpret_cast<const uint4*>(first_vector(base, ls, tf));
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) g[k] = v0[k * 32 + (threadIdx.x & 31)];
+  }
+  // A row's last warp, where the row ends inside the warp's steps on a vector boundary (e.g. L = 1000
+  // over 512-step tiles): how many of the warp's vectors (walk order) lie before the row's end; else
+  // 0 (blocked accesses: the row ends inside a vector, or a shifted row's first thread). For a warp
+  // whose steps are not all in the row; warp-uniform, every lane calls it.
+  static __device__ __forceinline__ int partial_vectors(int64_t tf, StepSpan r, int64_t L) {
     constexpr int kVec = 16 / static_cast<int>(sizeof(T));
     const int64_t left = L - (tf - static_cast<int64_t>(threadIdx.x & 31) * E);  // steps from the warp's first
     const bool ok = __all_sync(0xffffffffu, r.lo == 0) && left > 0 && left < int64_t(kWarpVectors) * kVec &&
@@ -188,21 +192,13 @@ struct WarpStripe {
   static __device__ __forceinline__ bool in_row(int j, int64_t ls, int n) {
     return (ls > 0 ? j : kWarpVectors - 1 - j) < n;
   }
-
-  // The warp's first n vectors (row_vectors<kPartial>; the rest read as zeros and touch no memory).
-  template <bool kPartial = false>
-  static __device__ __forceinline__ void load(const T* base, int64_t ls, int64_t tf, Vectors& g,
-                                              int n = kWarpVectors) {
+  // load of the warp's first n vectors (partial_vectors); the others read as zeros, touching no memory.
+  static __device__ __forceinline__ void load_partial(const T* base, int64_t ls, int64_t tf, int n, Vectors& g) {
     const uint4* v0 = reinterpret_cast<const uint4*>(first_vector(base, ls, tf));
     const int lane = threadIdx.x & 31;
-    if (!kPartial || n == kWarpVectors) {
 #pragma unroll
-      for (int k = 0; k < kVectors; ++k) g[k] = v0[k * 32 + lane];
-    } else {
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k)
-        g[k] = in_row(k * 32 + lane, ls, n) ? v0[k * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
-    }
+    for (int k = 0; k < kVectors; ++k)
+      g[k] = in_row(k * 32 + lane, ls, n) ? v0[k * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
   }
   // Striped vectors (from load) -> this lane's run, in memory order.
   static __device__ __forceinline__ StepVectors<T, E> gather(const Vectors& g, int64_t ls) {
@@ -217,10 +213,10 @@ struct WarpStripe {
     __syncwarp();
     return buf;
   }
-  // This lane's E steps (walk order) -> memory, striped: the warp's first n vectors (row_vectors).
+  // This lane's E steps (walk order) -> memory, striped; kPartial: the warp's first n vectors only
+  // (partial_vectors).
   template <bool kPartial = false>
-  static __device__ __forceinline__ void store(T* base, int64_t ls, int64_t tf, const float (&v)[E],
-                                               int n = kWarpVectors) {
+  static __device__ __forceinline__ void store(T* base, int64_t ls, int64_t tf, const float (&v)[E], int n = 0) {
     StepVectors<T, E> buf;
     steps_to_vectors<T, E>(v, ls, buf);
     uint4* st = stage();
@@ -232,9 +228,54 @@ struct WarpStripe {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int k = 0; k < kVectors; ++k)
-      if (!kPartial || n == kWarpVectors || in_row(k * 32 + lane, ls, n)) v0[k * 32 + lane] = st[slot(k * 32 + lane)];
+      if (!kPartial || in_row(k * 32 + lane, ls, n)) v0[k * 32 + lane] = st[slot(k * 32 + lane)];
     __syncwarp();
   }
 };
+
+// The 2-byte backward's c and y in the tile kernel, kept packed: E steps in walk order, two per
+// 32-bit word (the even step in the low half), converted to float where read (the reduction and
+// the replay read c, the replay y). Half the registers of float arrays: the 16-step tile over a
+// warp fits 64 registers (bench/NOTES.md item 49).
+template <typename T, int E>
+struct PackedSteps {
+  uint32_t w[E / 2];
+
+  static __device__ __forceinline__ uint32_t bits(T v) { return reinterpret_cast<const unsigned short&>(v); }
+  __device__ __forceinline__ float operator[](int i) const {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      return __uint_as_float(i & 1 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16);
+    else
+      return to_float(__ushort_as_half(static_cast<unsigned short>(i & 1 ? w[i / 2] >> 16 : w[i / 2] & 0xffffu)));
+  }
+  __device__ __forceinline__ void set(int i, float f) {
+    const uint32_t b = bits(from_float<T>(f));
+    w[i / 2] = i & 1 ? (w[i / 2] & 0xffffu) | b << 16 : (w[i / 2] & 0xffff0000u) | b;
+  }
+};
+
+// A thread's E steps from 16-byte vectors (memory order) into PackedSteps (walk order).
+template <typename T, int E>
+__device__ __forceinline__ void vectors_to_packed(const StepVectors<T, E>& buf, int64_t ls, PackedSteps<T, E>& out) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(buf.u);
+#pragma unroll
+  for (int j = 0; j < E / 2; ++j) out.w[j] = ls > 0 ? words[j] : __byte_perm(words[E / 2 - 1 - j], 0u, 0x1032);
+}
+
+// load_steps into PackedSteps (steps outside `r` read as zeros, or what their vector held).
+template <typename T, int E, bool kEdgeVectors>
+__device__ __forceinline__ void load_packed(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec,
+                                            PackedSteps<T, E>& out) {
+  if (vec && (kEdgeVectors || r.full(E))) {
+    vectors_to_packed<T, E>(load_vectors<T, E, kEdgeVectors>(base, ls, tf, r), ls, out);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < E / 2; ++j) {
+    const uint32_t lo = r.has(2 * j) ? PackedSteps<T, E>::bits(base[(tf + 2 * j) * ls]) : 0u;
+    const uint32_t hi = r.has(2 * j + 1) ? PackedSteps<T, E>::bits(base[(tf + 2 * j + 1) * ls]) : 0u;
+    out.w[j] = lo | hi << 16;
+  }
+}
 
 }  // namespace linrec

@@ -173,7 +173,7 @@ __device__ __forceinline__ void shift_backward_operands(float (&c)[E], float (&y
 // global memory, where every lane used to (one sector per lane and load).
 // kStripe: full warps load the operands striped (WarpStripe; the tile kernel's own tiles, not the
 // stream kernel's partial ones, whose shared memory is budgeted to the byte); kPartialStripe: also a
-// row's last warp where the row ends on a vector boundary (WarpStripe::row_vectors).
+// row's last warp where the row ends on a vector boundary (WarpStripe::partial_vectors).
 template <typename T, int E, int NT, bool kBackward, bool kEdgeVectors = false, bool kStripe = false,
           bool kPartialStripe = false>
 __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
@@ -182,17 +182,28 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
   bool striped = false;
   if constexpr (kStripe && Stripe::kOn) {
     constexpr unsigned kRead = 1u << kIn | 1u << kCoeff | (kBackward ? 1u << kOut : 0u);
-    const int n = (vm & kRead) == kRead ? Stripe::template row_vectors<kPartialStripe>(tf, r, L) : 0;
-    if (n > 0) {
+    if ((vm & kRead) == kRead && __all_sync(0xffffffffu, r.full(E))) {
       typename Stripe::Vectors gv, gc, gy;  // every operand's loads in flight before any is rearranged
-      Stripe::template load<kPartialStripe>(s.in, s.ls_in, tf, gv, n);
-      Stripe::template load<kPartialStripe>(s.cf, s.ls_c, tf, gc, n);
-      if constexpr (kBackward) Stripe::template load<kPartialStripe>(s.y, s.ls_y, tf, gy, n);
+      Stripe::load(s.in, s.ls_in, tf, gv);
+      Stripe::load(s.cf, s.ls_c, tf, gc);
+      if constexpr (kBackward) Stripe::load(s.y, s.ls_y, tf, gy);
       vectors_to_steps<T, E>(Stripe::gather(gv, s.ls_in), s.ls_in, v);
       vectors_to_steps<T, E>(Stripe::gather(gc, s.ls_c), s.ls_c, c);
       if constexpr (!kBackward) return;  // (an early return keeps the forward's registers as they were)
       vectors_to_steps<T, E>(Stripe::gather(gy, s.ls_y), s.ls_y, yn);
       striped = true;
+    } else if constexpr (kPartialStripe) {
+      if (const int n = (vm & kRead) == kRead ? Stripe::partial_vectors(tf, r, L) : 0; n > 0) {
+        typename Stripe::Vectors gv, gc, gy;
+        Stripe::load_partial(s.in, s.ls_in, tf, n, gv);
+        Stripe::load_partial(s.cf, s.ls_c, tf, n, gc);
+        if constexpr (kBackward) Stripe::load_partial(s.y, s.ls_y, tf, n, gy);
+        vectors_to_steps<T, E>(Stripe::gather(gv, s.ls_in), s.ls_in, v);
+        vectors_to_steps<T, E>(Stripe::gather(gc, s.ls_c), s.ls_c, c);
+        if constexpr (!kBackward) return;
+        vectors_to_steps<T, E>(Stripe::gather(gy, s.ls_y), s.ls_y, yn);
+        striped = true;
+      }
     }
   }
   if (!striped) {
@@ -228,54 +239,9 @@ __device__ __forceinline__ void load_tile_global(const SeqTensors<T>& s, int64_t
   }
 }
 
-// The 2-byte backward's c and y in the tile kernel, kept packed: E steps in walk order, two per
-// 32-bit word (the even step in the low half), converted to float where read (the reduction and
-// the replay read c, the replay y). Half the registers of float arrays: the 16-step tile over a
-// warp fits 64 registers (bench/NOTES.md item 49).
-template <typename T, int E>
-struct PackedSteps {
-  uint32_t w[E / 2];
-
-  static __device__ __forceinline__ uint32_t bits(T v) { return reinterpret_cast<const unsigned short&>(v); }
-  __device__ __forceinline__ float operator[](int i) const {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>)
-      return __uint_as_float(i & 1 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16);
-    else
-      return to_float(__ushort_as_half(static_cast<unsigned short>(i & 1 ? w[i / 2] >> 16 : w[i / 2] & 0xffffu)));
-  }
-  __device__ __forceinline__ void set(int i, float f) {
-    const uint32_t b = bits(from_float<T>(f));
-    w[i / 2] = i & 1 ? (w[i / 2] & 0xffffu) | b << 16 : (w[i / 2] & 0xffff0000u) | b;
-  }
-};
-
-// A thread's E steps from 16-byte vectors (memory order) into PackedSteps (walk order).
-template <typename T, int E>
-__device__ __forceinline__ void vectors_to_packed(const StepVectors<T, E>& buf, int64_t ls, PackedSteps<T, E>& out) {
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(buf.u);
-#pragma unroll
-  for (int j = 0; j < E / 2; ++j) out.w[j] = ls > 0 ? words[j] : __byte_perm(words[E / 2 - 1 - j], 0u, 0x1032);
-}
-
-// load_steps into PackedSteps (steps outside `r` read as zeros, or what their vector held).
-template <typename T, int E, bool kEdgeVectors>
-__device__ __forceinline__ void load_packed(const T* base, int64_t ls, int64_t tf, StepSpan r, bool vec,
-                                            PackedSteps<T, E>& out) {
-  if (vec && (kEdgeVectors || r.full(E))) {
-    vectors_to_packed<T, E>(load_vectors<T, E, kEdgeVectors>(base, ls, tf, r), ls, out);
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < E / 2; ++j) {
-    const uint32_t lo = r.has(2 * j) ? PackedSteps<T, E>::bits(base[(tf + 2 * j) * ls]) : 0u;
-    const uint32_t hi = r.has(2 * j + 1) ? PackedSteps<T, E>::bits(base[(tf + 2 * j + 1) * ls]) : 0u;
-    out.w[j] = lo | hi << 16;
-  }
-}
-
 // load_tile_global of the 2-byte backward with c and y packed: the same steps and shifts (c[t-1],
 // y[t+1], shift_backward_operands), the shifts done on the words (one byte permute per word).
-template <typename T, int E, int NT, bool kEdgeVectors, bool kPartialStripe>
+template <typename T, int E, int NT, bool kEdgeVectors>
 __device__ __forceinline__ void load_tile_global_packed(const SeqTensors<T>& s, int64_t L, int64_t tf, StepSpan r,
                                                         unsigned vm, float (&v)[E], PackedSteps<T, E>& c,
                                                         PackedSteps<T, E>& yn) {
@@ -285,12 +251,11 @@ __device__ __forceinline__ void load_tile_global_packed(const SeqTensors<T>& s, 
   bool striped = false;
   if constexpr (Stripe::kOn) {  // as load_tile_global
     constexpr unsigned kRead = 1u << kIn | 1u << kCoeff | 1u << kOut;
-    const int n = (vm & kRead) == kRead ? Stripe::template row_vectors<kPartialStripe>(tf, r, L) : 0;
-    if (n > 0) {
+    if ((vm & kRead) == kRead && __all_sync(0xffffffffu, r.full(E))) {
       typename Stripe::Vectors gv, gc, gy;
-      Stripe::template load<kPartialStripe>(s.in, s.ls_in, tf, gv, n);
-      Stripe::template load<kPartialStripe>(s.cf, s.ls_c, tf, gc, n);
-      Stripe::template load<kPartialStripe>(s.y, s.ls_y, tf, gy, n);
+      Stripe::load(s.in, s.ls_in, tf, gv);
+      Stripe::load(s.cf, s.ls_c, tf, gc);
+      Stripe::load(s.y, s.ls_y, tf, gy);
       vectors_to_steps<T, E>(Stripe::gather(gv, s.ls_in), s.ls_in, v);
       vectors_to_packed<T, E>(Stripe::gather(gc, s.ls_c), s.ls_c, cr);
       vectors_to_packed<T, E>(Stripe::gather(gy, s.ls_y), s.ls_y, yr);
@@ -434,21 +399,31 @@ __device__ __forceinline__ void store_outputs(const SeqTensors<T>& s, int64_t L,
   using Stripe = WarpStripe<T, E, kStripeNT>;
   if constexpr (!kBackward) {
     if constexpr (Stripe::kOn) {
-      const int n = !(skip >> kOut & 1) && (vm >> kOut & 1) ? Stripe::template row_vectors<kPartialStripe>(tf, r, L) : 0;
-      if (n > 0) {
-        Stripe::template store<kPartialStripe>(s.y, s.ls_y, tf, v, n);
+      if (!(skip >> kOut & 1) && (vm >> kOut & 1) && __all_sync(0xffffffffu, r.full(E))) {
+        Stripe::store(s.y, s.ls_y, tf, v);
         return;
+      }
+      if constexpr (kPartialStripe) {
+        if (const int n = !(skip >> kOut & 1) && (vm >> kOut & 1) ? Stripe::partial_vectors(tf, r, L) : 0; n > 0) {
+          Stripe::template store<true>(s.y, s.ls_y, tf, v, n);
+          return;
+        }
       }
     }
     if (!(skip >> kOut & 1)) store_steps<T, E, kEdgeVectors>(s.y, s.ls_y, tf, r, vm >> kOut & 1, v);
   } else {
     if constexpr (Stripe::kOn) {
       const unsigned want = vm & ~skip & (1u << kGradIn | (s.dc_acc ? 0u : 1u << kGradCoeff));
-      const int n = want ? Stripe::template row_vectors<kPartialStripe>(tf, r, L) : 0;
-      if (n > 0) {
-        if (want >> kGradIn & 1) Stripe::template store<kPartialStripe>(s.dx, s.ls_dx, tf, v, n);
-        if (want >> kGradCoeff & 1) Stripe::template store<kPartialStripe>(s.dc, s.ls_dc, tf, yn, n);
+      if (want && __all_sync(0xffffffffu, r.full(E))) {
+        if (want >> kGradIn & 1) Stripe::store(s.dx, s.ls_dx, tf, v);
+        if (want >> kGradCoeff & 1) Stripe::store(s.dc, s.ls_dc, tf, yn);
         skip |= want;
+      } else if constexpr (kPartialStripe) {
+        if (const int n = want ? Stripe::partial_vectors(tf, r, L) : 0; n > 0) {
+          if (want >> kGradIn & 1) Stripe::template store<true>(s.dx, s.ls_dx, tf, v, n);
+          if (want >> kGradCoeff & 1) Stripe::template store<true>(s.dc, s.ls_dc, tf, yn, n);
+          skip |= want;
+        }
       }
     }
     if (!(skip >> kGradIn & 1)) store_steps<T, E, kEdgeVectors>(s.dx, s.ls_dx, tf, r, vm >> kGradIn & 1, v);
@@ -471,7 +446,7 @@ __device__ __forceinline__ void replay_and_store(const SeqTensors<T>& s, int64_t
   if constexpr (std::is_same_v<Y, PackedSteps<T, E>>) {
     float dc[E];
     const float h_last = replay_steps<kReset>(h, runs, r, v, c, yn, dc);
-    store_outputs<T, E, kBackward, kEdgeVectors, NT, kPartialStripe>(s, L, tf, r, vm, 0u, h_last, v, dc);
+    store_outputs<T, E, kBackward, kEdgeVectors, NT>(s, L, tf, r, vm, 0u, h_last, v, dc);
   } else {
     const float h_last = replay_steps<E, kBackward, kReset>(h, runs, r, v, c, yn);
     store_outputs<T, E, kBackward, kEdgeVectors, NT, kPartialStripe>(s, L, tf, r, vm, 0u, h_last, v, yn);
@@ -558,11 +533,11 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
   // forward would take 54 registers instead of 46: fewer blocks per SM).
   constexpr bool kEdgeVectors = (kPhaseShift || sizeof(T) == 2) && !(kBackward && sizeof(T) == 2 && E == 32);
   const unsigned vm = kPhaseShift ? row_vector_slots(s, args.vec_mask, phase) : args.vec_mask;
-  // A row's last warp accesses its vectors striped too where the row ends on a vector boundary (bf16
-  // 131072 x 1000 backward at 0.79 of torch.add against 0.91 at L = 1024 with blocked accesses there:
-  // 33% of the sectors excess, ncu; bench/NOTES.md item 82); not in shifted rows (the one-warp 2-byte
-  // backward's shifted variant, at its register cap, would spill).
-  constexpr bool kPartialStripe = !kPhaseShift;
+  // A 4-byte row's last warp loads and stores striped too where the row ends on a vector boundary
+  // (H200, float32 131072 x 1000 backward 0.83 -> 0.89 of torch.add: its blocked accesses had 33% of
+  // the sectors excess, ncu); not 2-byte rows (bf16 131072 x 1000 backward unchanged, 0.78, and the
+  // one-warp forward's full tiles slower, 0.99 -> 0.97), nor shifted rows (bench/NOTES.md item 82).
+  constexpr bool kPartialStripe = sizeof(T) == 4 && !kPhaseShift;
   // The 2-byte backward keeps c and y packed (PackedSteps), the rest float arrays.
   constexpr bool kPacked = kBackward && sizeof(T) == 2;
   using Operands = std::conditional_t<kPacked, PackedSteps<T, E>, float[E]>;
@@ -580,13 +555,13 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
     float v[E];
     Operands c, yn;
     if constexpr (kPacked)
-      load_tile_global_packed<T, E, NT, kEdgeVectors, kPartialStripe>(s, L, tf, r, vm, v, c, yn);
+      load_tile_global_packed<T, E, NT, kEdgeVectors>(s, L, tf, r, vm, v, c, yn);
     else
       load_tile_global<T, E, NT, kBackward, kEdgeVectors, /*kStripe=*/true, kPartialStripe>(s, L, tf, r, vm, v, c, yn);
     if constexpr (kSegments == kRowSegments) mask_segments<E, kBackward>(tf, static_cast<int>(p.seg_len), r, c, yn);
     if constexpr (kSegments == kTileSegments) mask_tile_segments<E, NT, kBackward>(t0, static_cast<int>(p.seg_len), c, yn);
-    scan_tile_registers<T, E, NT, kBackward, kEdgeVectors, kSegments != kNoSegments, kPartialStripe>(scan_storage, carry, s, L, tf, r,
-                                                                                     vm, v, c, yn);
+    scan_tile_registers<T, E, NT, kBackward, kEdgeVectors, kSegments != kNoSegments, kPartialStripe>(
+        scan_storage, carry, s, L, tf, r, vm, v, c, yn);
     if constexpr (kSegments != kNoSegments && kBackward) store_segment_grad_init<T>(s, p, L, tf, r);
     if (tile + 1 < args.tiles_per_chunk) __syncthreads();  // scan_storage is reused by the next tile
   }
