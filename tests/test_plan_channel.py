@@ -89,6 +89,7 @@ int main() {
   show_bld(2, true, 16, 2048, 1024);  // 128 of 128: one wave
   show_bld(2, true, 24, 2048, 1000);  // 192 of 128 at 1.45 waves, rows of 2000 bytes: kept
   show_bld(2, true, 2, 4096, 1536);   // 96 of 32 channels over 16 spans: look-back
+  show_bld(2, true, 48, 1024, 1024);  // 384 of 128: 1.45 waves of two per SM, 2.9 of one per SM
 }
 """
 
@@ -99,12 +100,14 @@ def test_channel_lanes_defaults(tmp_path):
     32-lane blocks would chain spans by look-back: the float32 backward from 3/4 of a wave of blocks;
     the forwards where the blocks fit one wave, and the 2-byte forward from 7/4 waves; the 2-byte
     backward's one-per-SM config on rows of 8 spans or more, its two-per-SM config on shorter rows, and
-    in place of 32-lane blocks of one per SM past one wave; 2-byte types on 128-byte aligned rows
-    only (plan.h channel_lanes_default)."""
+    in place of 32-lane blocks whose last wave is less than 3/4 full (which yield to the 32-lane
+    config of one block per SM where its waves are full: 48 x 1024 x 1024); 2-byte types on 128-byte
+    aligned rows only (plan.h channel_lanes_default)."""
     got = _run_program(tmp_path, "lanes", _LANES_PROGRAM)
     assert got == [
         "channel.s4r8b2c4l8.pipe", "channel.s16r8b2p2", "channel.s8r16b1p2l8.pipe",
         "channel.s8r8b2c4l8.pipe", "channel.s16r8b2c4", "channel.s8r8b2c4l8.pipe", "channel.s16r8b2c4",
         "channel.s8r8b2c4l8.pipe", "channel.s8r8b2c4l8.pipe", "channel.s8r8b2c4l8.pipe",
         "channel.s4r8b3c4l8.pipe", "channel.s8r8b2c4.pipe", "channel.s8r8b2c4.pipe", "channel.s8r8b2c4",
+        "channel.s8r8b2c4.pipe",
     ]

@@ -429,17 +429,18 @@ inline bool channel_pipe(const ScanParams& p, const DeviceInfo& dev, const Chann
 // 12 x 6144 x 1024 0.70 -> 0.85, bf16 6 x 4096 x 3072 0.55 -> 0.76), else where they fit one wave;
 // those of two per SM and 128-step spans on shorter rows (24 x 1024 x 1024 0.75 -> 0.82, 32 x 512 x
 // 768 0.78 -> 0.83; they lose to the former from 2048 steps, 3 x 4096 x 4096 0.72 against 0.84). The
-// 32-lane blocks of one per SM past one wave yield to them (8 x 2048 x 2560 at 1.21 waves 0.63 ->
-// 0.80, 12 x 2048 x 2048 at 1.45 0.74 -> 0.79; within one wave they stay ahead, 16 x 2048 x 1024 0.91
-// against 0.80), on rows the 8-lane blocks take.
+// 32-lane blocks whose last wave is less than 3/4 full yield, on rows the 8-lane blocks take: to them
+// (one per SM: 8 x 2048 x 2560 at 1.21 waves 0.63 -> 0.80, 12 x 2048 x 2048 at 1.45 0.74 -> 0.79) or
+// to the 32-lane ones of one per SM (two per SM at 1.45 waves, 48 x 1024 x 1024: 0.80 -> 0.90 with
+// one per SM at 2.9); with full waves they stay ahead (16 x 2048 x 1024 at 0.97 waves 0.91 against
+// 0.80 with 8 lanes).
 inline bool channel_lanes_default(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ChannelConfig& cfg) {
   const int64_t wave = int64_t(dev.num_sms) * cfg.blocks_per_sm(p.backward);
   const int64_t blocks = ceil_div(p.num_seq, cfg.channels());
   const bool lanes8_rows = elem_size == 4 || channel_groups(p, elem_size, 128 / elem_size);
   if (elem_size == 2 && p.backward) {
-    const bool one_per_sm = cfg.blocks_per_sm(true) == 1;
-    if (cfg.lanes == 32) return !one_per_sm || blocks <= wave || !lanes8_rows;
-    return lanes8_rows && (!one_per_sm || blocks <= wave || p.len >= 8 * cfg.span());
+    if (cfg.lanes == 32) return !lanes8_rows || 4 * blocks >= 3 * ceil_div(blocks, wave) * wave;
+    return lanes8_rows && (cfg.blocks_per_sm(true) > 1 || blocks <= wave || p.len >= 8 * cfg.span());
   }
   if (cfg.lanes == 32 || (elem_size == 4 && p.backward)) return true;
   if (!lanes8_rows) return false;
