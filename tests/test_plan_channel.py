@@ -8,17 +8,24 @@ import pytest
 
 from test_plan_host import _SHOW, CXX, _run_program
 
-_CHANNEL_PROGRAM = _SHOW + r"""
-// (B, L, D) contiguous, scanned along L: the channel kernel's layout on an H100.
-static void show_bld(int elem_size, bool backward, long long B, long long L, long long D) {
+# (B, L, D) contiguous, scanned along L (the channel kernel's layout), 128-byte aligned rows where D
+# allows: bld_plan(dev, ...) is the default plan on device `dev`.
+_BLD = _SHOW + r"""
+static ScanPlan bld_plan(const DeviceInfo& dev, int elem_size, bool backward, long long B, long long L, long long D) {
   ScanParams p{};
   p.len = L; p.num_seq = B * D; p.nbatch = 2; p.bsize[0] = D; p.bsize[1] = B; p.backward = backward;
-  alignas(128) static float buf[32];  // 128-byte aligned rows where D allows
+  alignas(128) static float buf[32];
   for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = D; p.bstride[s][0] = 1; p.bstride[s][1] = L * D; }
   for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
-  const DeviceInfo dev{132, 9, 232448};
   bool inapplicable;
-  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  return plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+}
+"""
+
+_CHANNEL_PROGRAM = _BLD + r"""
+// On an H100.
+static void show_bld(int elem_size, bool backward, long long B, long long L, long long D) {
+  const ScanPlan plan = bld_plan(DeviceInfo{132, 9, 232448}, elem_size, backward, B, L, D);
   std::printf("%s %lld %lld\n", config_name(plan.kind, elem_size, plan.config),
               static_cast<long long>(plan.num_chunks), static_cast<long long>(plan.per_chunk));
 }
@@ -66,16 +73,9 @@ def test_channel_pipe_defaults(tmp_path):
     ]
 
 
-_LANES_PROGRAM = _SHOW + r"""
+_LANES_PROGRAM = _BLD + r"""
 static void show_bld(int elem_size, bool backward, long long B, long long L, long long D) {
-  ScanParams p{};
-  p.len = L; p.num_seq = B * D; p.nbatch = 2; p.bsize[0] = D; p.bsize[1] = B; p.backward = backward;
-  alignas(128) static float buf[32];
-  for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = D; p.bstride[s][0] = 1; p.bstride[s][1] = L * D; }
-  for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
-  const DeviceInfo dev{132, 9, 232448, 36.4f};  // an H200
-  bool inapplicable;
-  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  const ScanPlan plan = bld_plan(DeviceInfo{132, 9, 232448, 36.4f}, elem_size, backward, B, L, D);  // an H200
   std::printf("%s\n", config_name(plan.kind, elem_size, plan.config));
 }
 int main() {
@@ -142,16 +142,9 @@ def test_shipped_channel_entries_are_not_the_default(tmp_path):
                 elem = 4 if dtype == "float32" else 2
                 jobs.append((stem, key, entry["config"]))
                 lines.append(f"show({sms}, {dram}f, {elem}, {str(direction == 'bwd').lower()}, {b}, {length}, {d});")
-    program = _SHOW + r"""
+    program = _BLD + r"""
 static void show(int sms, float dram, int elem_size, bool backward, long long B, long long L, long long D) {
-  ScanParams p{};
-  p.len = L; p.num_seq = B * D; p.nbatch = 2; p.bsize[0] = D; p.bsize[1] = B; p.backward = backward;
-  alignas(128) static float buf[32];
-  for (int s = 0; s < kNumSlots; ++s) { p.lstride[s] = D; p.bstride[s][0] = 1; p.bstride[s][1] = L * D; }
-  for (int s : {kIn, kCoeff, kOut, kGradIn, kGradCoeff}) p.ptr[s] = buf;
-  const DeviceInfo dev{sms, 9, 232448, dram};
-  bool inapplicable;
-  const ScanPlan plan = plan_scan(p, elem_size, dev, ConfigRequest{}, &inapplicable);
+  const ScanPlan plan = bld_plan(DeviceInfo{sms, 9, 232448, dram}, elem_size, backward, B, L, D);
   std::printf("%s\n", config_name(plan.kind, elem_size, plan.config));
 }
 int main() {
