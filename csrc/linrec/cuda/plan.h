@@ -77,9 +77,8 @@ inline bool vectorizable(const ScanParams& p, int slot, int elem_size) {
   return true;
 }
 
-// Whether the channel kernel may take groups of `cpl` adjacent channels per lane: every strided
-// operand has unit stride between channels, a multiple of `cpl` of them per row, and
-// group-aligned steps (one access of cpl elements).
+// Whether the channel kernel may take groups of `cpl` adjacent channels per lane: every strided operand
+// has unit stride between channels, a multiple of `cpl` per row, group-aligned steps (one access each).
 inline bool channel_groups(const ScanParams& p, int elem_size, int cpl) {
   if (cpl == 1) return true;
   if (p.nbatch == 0 || p.bsize[0] % cpl != 0) return false;
@@ -159,8 +158,7 @@ inline std::string applicable_config_names(const ScanParams& p, int elem_size, c
   return out;
 }
 
-// The 2-byte tile configs of 1024 steps (configs.h): 32 steps x 32 threads, 16 x 64; the 4-byte
-// one of 8 x 128.
+// The 2-byte tile configs of 1024 steps (configs.h): 32 steps x 32 threads, 16 x 64; 4-byte 8 x 128.
 constexpr int kTile2B32x32 = 1, kTile2B16x64 = 4, kTile4B8x128 = 1;
 static_assert(kTileConfigs2B[kTile2B32x32].elems == 32 && kTileConfigs2B[kTile2B32x32].threads == 32 &&
               kTileConfigs2B[kTile2B16x64].elems == 16 && kTileConfigs2B[kTile2B16x64].threads == 64 &&
@@ -343,14 +341,12 @@ inline bool short_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
   return last != 0 && 2 * last < short_tile;
 }
 
-// Whether 4-byte rows longer than the longest tile, of whole stream tiles, that stream_default gives
-// the 256-thread config (at most four tiles, two or more rows per SM) take the stream kernel
-// however many they are, rather than walk:
-// float32 3000 x 8192 walked 0.90 / 0.95 of torch.add (fwd / bwd, H100), 0.84 / 0.89 (H200), on the
-// stream kernel 0.97 / 0.99, 0.94 / 0.97; H100 4096 x 8192 0.92 / 0.96 against 0.99 / 0.99, 2000 x
-// 8192 0.91 / 0.96 against 0.95 / 1.00 (bench/NOTES.md items 72-73). Not 2-byte rows (bf16 3000 x 8192
-// walked 0.87 / 0.87, on the stream kernel 0.87 / 0.65), nor rows off whole tiles (float32 2000 x
-// 6000: 0.87 / 0.93 walked, 0.83 / 0.89).
+// Whether 4-byte rows longer than the longest tile, of whole stream tiles, that stream_default gives the 256-thread
+// config (at most four tiles, two or more rows per SM) take the stream kernel however many they are, rather than walk:
+// float32 3000 x 8192 walked 0.90 / 0.95 of torch.add (fwd / bwd, H100), 0.84 / 0.89 (H200), on the stream kernel 0.97
+// / 0.99, 0.94 / 0.97; H100 4096 x 8192 0.92 / 0.96 against 0.99 / 0.99, 2000 x 8192 0.91 / 0.96 against 0.95 / 1.00
+// (bench/NOTES.md items 72-73). Not 2-byte rows (bf16 3000 x 8192 walked 0.87 / 0.87, on the stream kernel 0.87 /
+// 0.65), nor rows off whole tiles (float32 2000 x 6000: 0.87 / 0.93 walked, 0.83 / 0.89).
 inline bool stream_whole_rows(const ScanParams& p, int elem_size, const DeviceInfo& dev, const ScanDefaults& def,
                               bool stream_ok) {
   const int64_t longest_tile = tile_config(elem_size, kNumSizeTileConfigs - 1).tile();
@@ -471,17 +467,20 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 // of it idle. H200, ratio to torch.add, default -> small stream (bench/NOTES.md item 79):
 // - forward 4-byte, 2048 < L <= 8192, 2 to 24 rows per SM: float32 1000 x 4608 0.69 -> 0.91, 600 x
 //   8000 0.71 -> 0.88, 300 x 5000 0.64 -> 0.78, 2000 x 6000 0.86 -> 0.92, 528 x 3072 level; at one
-//   or two rows per SM, or longer rows from 16 per SM, it loses (132 x 8192 0.75 -> 0.63);
-// - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM (to 4 beyond 12288 steps): bf16 500 x
-//   10000 0.61 -> 0.80, 1056 x 8192 0.69 -> 0.82, 528 x 16384 0.77 -> 0.94; not shorter rows (bf16
-//   1000 x 3000 0.80 -> 0.61), nor 1056 x 16384 (0.82 -> 0.74); and 8192 < L <= 16384 from 9 rows
-//   per SM on (item 80): bf16 2000 x 10000 0.59 -> 0.78, 3000 x 12288 0.82 -> 0.92, 16000 x 10000
-//   0.89 -> 0.97, 2000 x 16384 level; not to 8192 steps (2000 x 5000 0.80 -> 0.66);
+//   or two rows per SM, or longer rows from 16 per SM, it loses (132 x 8192 0.75 -> 0.63); 8192 < L <=
+//   16384 at 2-8 per SM (item 83): 400 x 10000 0.74 -> 0.82, 600 x 12288 0.82 -> 0.90, 1000 x 16384
+//   level; from 9 per SM level or lower (1500 x 12288 0.92 -> 0.90);
+// - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM (to 7, one wave of them, beyond 12288
+//   steps): bf16 500 x 10000 0.61 -> 0.80, 1056 x 8192 0.69 -> 0.82, 600 x 14000 0.65 -> 0.82, 900 x
+//   24576 0.69 -> 0.89 (item 83); not shorter rows (1000 x 3000 0.80 -> 0.61), nor more rows of more
+//   than 12288 steps (1056 x 16384 0.82 -> 0.74, 1100 x 24576 0.75 against 0.86 with 256 threads);
+//   8192 < L <= 16384 from 9 rows per SM on (item 80): 2000 x 10000 0.59 -> 0.78, 16000 x 10000 0.89
+//   -> 0.97, 2000 x 16384 level; not 2000 x 5000 (0.80 -> 0.66);
 // - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk):
 //   float32 1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;
-// - backward 2-byte, L <= 32768, where the default takes a stream block per row, 2 to 16 rows per
-//   SM: bf16 1056 x 8192 0.55 -> 0.81, 2112 x 16384 0.57 -> 0.81, 528 x 32768 0.73 -> 0.79; the
-//   look-back tiles and walks it takes elsewhere stay ahead (bf16 500 x 10000 0.75 against 0.66).
+// - backward 2-byte, L <= 32768, where the default takes a stream block per row, 2 to 16 rows per SM:
+//   bf16 1056 x 8192 0.55 -> 0.81, 528 x 32768 0.73 -> 0.79; the default's tiles stay ahead elsewhere
+//   (500 x 10000 0.75 against 0.66; item 83: mixed at 4-7 per SM, 600 x 14000 0.72 -> 0.70).
 inline bool small_stream_device(const DeviceInfo& dev) {
   return dev.cc_major == 9 && dev.dram_gbps_per_sm > kFastDramGbpsPerSm;
 }
@@ -494,8 +493,8 @@ inline bool small_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
     return rows >= 2 * sms && rows <= 16 * sms && L <= 32768 && plan.kind == ScanKind::kStream;
   if (rows <= 2 * sms) return false;
   if (p.backward) return L > 2048 && L <= 16384 && rows < 8 * sms;
-  if (elem_size == 4) return L > 2048 && L <= 8192 && rows <= 24 * sms;
-  return (L > 4096 && L <= 32768 && rows <= (L > 12288 ? 4 : 9) * sms) || (L > 8192 && L <= 16384 && rows > 9 * sms);
+  if (elem_size == 4) return L > 2048 && (L <= 8192 ? rows <= 24 * sms : L <= 16384 && rows <= 8 * sms);
+  return (L > 4096 && L <= 32768 && rows <= (L > 12288 ? 7 : 9) * sms) || (L > 8192 && L <= 16384 && rows > 9 * sms);
 }
 
 // The default plan of a problem whose scanned dim is innermost (before small_stream_rows).
