@@ -46,7 +46,7 @@ inline ScanDefaults defaults_sm90(int elem_size, bool backward, int group_width,
   // rows keep 512 threads (bf16 600 x 65536: 0.93 against 0.85; bench/NOTES.md item 72). 4-byte
   // rows of three or four tiles gain too on the H200 (float32 2000 x 16384 0.86 -> 0.94; H100 0.97
   // either way); 2-byte ones lose in the backward (H100 bf16 1000 x 32768 0.91 -> 0.86) and gain in
-  // the forward on the H200 (bf16 1000 x 20000 0.54 -> 0.77, 1100 x 24576 0.71 -> 0.86; item 83).
+  // the forward on the H200 (bf16 1000 x 20000 0.54 -> 0.77, 3000 x 24576 0.71 -> 0.94; item 83).
   d.stream_short = 3;
   d.stream_short_tiles = elem_size == 4 || (!backward && dram_gbps_per_sm > kFastDramGbpsPerSm) ? 4 : 2;
   static_assert(kStreamConfigs4B[3].threads == 256 && kStreamConfigs2B[3].threads == 256 &&
