@@ -305,6 +305,22 @@ def test_host_time_is_per_call_and_device_time_needs_cuda():
     assert row.host_ms_fwdbwd > 0 and math.isnan(row.graph_ms_fwdbwd) and row.error == ""
 
 
+def test_cpu_timer_flushes_the_cache_before_each_timed_call(monkeypatch):
+    """On the CPU every timed call follows a pass over the flush buffer (as do_bench flushes the L2 on
+    CUDA); the warmup call does not, nor does quick mode."""
+    from torch_linrec.bench import timing
+    buf = torch.ones(4)
+    monkeypatch.setattr(timing, "_cache_flush_buffer", lambda: buf)
+    seen = []
+    timing.make_timer(CPU)(lambda: seen.append(buf[0].item()))
+    assert len(seen) >= 4 and seen[0] == 1.0
+    assert seen[1:] == [(-1.0) ** k for k in range(1, len(seen))]
+    seen.clear()
+    timing.make_timer(CPU, quick=True)(lambda: seen.append(buf[0].item()))
+    assert len(set(seen)) == 1
+    assert timing._last_level_cache_bytes() >= 0
+
+
 def test_uncapturable_call_is_a_note_not_an_error():
     row = Row(impl="x", case="small-call", size="full", shape="1x2", dim=1, dtype="float32",
               error="CUDA graph: RuntimeError: operation not permitted when stream is capturing")

@@ -2,13 +2,19 @@
 
 On CUDA, :func:`make_timer` uses ``triton.testing.do_bench`` (median, L2 flushed between calls)
 when Triton is importable, else CUDA events around each call (median). On the CPU it takes
-``time.perf_counter`` medians of repeats after a warmup call. The timer also splits a call's cost:
+``time.perf_counter`` medians of repeats after a warmup call, the last-level cache flushed before
+each repeat as ``do_bench`` flushes the L2 (not in quick mode): otherwise an operand set that fits
+the cache (``torch.add`` on 8 MiB tensors beside a 32 MiB L3) is timed from the cache while a scan's
+forward+backward, which touches twice the bytes, is timed from DRAM (bench/NOTES.md item 83). The
+timer also splits a call's cost:
 :meth:`Timer.host_ms` (the host's time to issue one call) and :meth:`Timer.graph_ms` (the device's
 time: the call captured in a CUDA graph and replayed).
 """
 from __future__ import annotations
 
+import functools
 import gc
+import glob
 import importlib.util
 import math
 import platform
@@ -37,11 +43,40 @@ def _cuda_events_ms(fn: Callable[[], object], warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def _cpu_ms(fn: Callable[[], object], budget_s: float, min_reps: int, max_reps: int) -> float:
+def _last_level_cache_bytes() -> int:
+    """The largest CPU cache's size from Linux's sysfs (cpu0), or 0 where it cannot be read."""
+    sizes = []
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(index) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
+
+
+@functools.lru_cache(maxsize=1)
+def _cache_flush_buffer() -> torch.Tensor:
+    """float32 buffer of 8x the last-level cache, 64-512 MiB: 2x did not evict the operands of an
+    8 MiB ``torch.add`` on the dev VM's 32 MiB L3 (a VM's cores may see more than their own L3)."""
+    size = min(max(8 * _last_level_cache_bytes(), 64 << 20), 512 << 20)
+    return torch.zeros(size // 4, dtype=torch.float32)
+
+
+def _cpu_ms(fn: Callable[[], object], budget_s: float, min_reps: int, max_reps: int, flush: bool = False) -> float:
     fn()
     times: list[float] = []
+    buf = _cache_flush_buffer() if flush else None
     t_end = time.perf_counter() + budget_s
     while len(times) < min_reps or (len(times) < max_reps and time.perf_counter() < t_end):
+        if buf is not None:  # read and written through the caches (a memset may bypass them)
+            t_flush = time.perf_counter()
+            buf.neg_()
+            t_end += time.perf_counter() - t_flush  # the budget counts the timed calls only
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -57,8 +92,8 @@ def _sync(device: torch.device) -> None:
 class Timer:
     """``timer(fn) -> milliseconds``: the median time of one call of ``fn`` on ``device``.
 
-    ``quick`` shortens warmup and repeats (for smoke tests; the numbers are noisier). Build it with
-    :func:`make_timer`.
+    ``quick`` shortens warmup and repeats and skips the CPU's cache flush (for smoke tests; the
+    numbers are noisier). Build it with :func:`make_timer`.
     """
 
     device: torch.device
@@ -73,7 +108,7 @@ class Timer:
                     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
                 return _cuda_events_ms(fn, warmup=max(3, warmup // 5), reps=max(10, rep // 2))
         budget, min_reps = self._budget()
-        return _cpu_ms(fn, budget, min_reps, max_reps=50)
+        return _cpu_ms(fn, budget, min_reps, max_reps=50, flush=not self.quick)
 
     def _budget(self) -> tuple[float, int]:
         return (0.02, 2) if self.quick else (0.25, 3)
@@ -134,7 +169,8 @@ class Timer:
 def make_timer(device: torch.device, quick: bool = False) -> Timer:
     """A :class:`Timer`, ``timer(fn) -> milliseconds``: the median time of one call of ``fn`` on ``device``.
 
-    ``quick`` shortens warmup and repeats (for smoke tests; the numbers are noisier).
+    ``quick`` shortens warmup and repeats and skips the CPU's cache flush (for smoke tests; the
+    numbers are noisier).
     """
     return Timer(torch.device(device), quick)
 
