@@ -66,11 +66,11 @@ def cpu_pool_stats() -> dict[str, int]:
 def set_cpu_pool_limit(nbytes: int) -> None:
     """Sets the most bytes the CPU output pool (:func:`cpu_pool_stats`) holds idle; resets its counts.
 
-    Default 64 MiB, the most that glibc's own trim threshold lets its heap keep. Blocks of more than
-    half the limit are not kept (the default keeps blocks up to 32 MiB, the largest glibc serves
-    from its heap; larger ones glibc maps anew for every allocation, ``torch.add``'s output
-    included). Blocks of less than 128 KiB are never kept. ``0`` turns the pool off: every idle
-    block is released at once, and outputs in use are released when freed.
+    Default 256 MiB: a forward+backward's three outputs stay pooled up to ~85 MiB each (glibc maps
+    blocks over 32 MiB anew for every allocation, ``torch.add``'s output included, and page-faults
+    them in; bench/NOTES.md item 83). Blocks of more than half the limit are not kept, nor blocks of
+    less than 128 KiB. ``0`` turns the pool off: every idle block is released at once, and outputs in
+    use are released when freed.
 
     Args:
         nbytes: an int >= 0.

@@ -14,11 +14,15 @@
 // blocks out of glibc instead: a freed output's block waits here, idle, for the next output of
 // about its size (a training step needs the sizes of the previous step's).
 //
-// Bounds: at most `limit` idle bytes (default 64 MiB: the most glibc's own trim threshold lets its
-// heap keep), the least recently freed released first; blocks of more than half the limit (those
-// glibc maps and unmaps on every allocation, torch.add's output included) and of less than 128 KiB
-// (glibc's default mmap threshold: they come and go in its bins) are released when freed. The pool
-// is a c10::Allocator, so a pooled tensor's storage is resizable like any CPU tensor's.
+// Bounds: at most `limit` idle bytes, the least recently freed released first; blocks of more than
+// half the limit and of less than 128 KiB (glibc's default mmap threshold: they come and go in its
+// bins) are released when freed. Default 256 MiB, so that a forward+backward's three outputs (y and
+// the two gradients) stay pooled up to ~85 MiB each: with 64 MiB (the most glibc's own trim
+// threshold lets its heap keep) blocks of 22-32 MiB missed the pool on some calls and blocks above
+// 32 MiB on every call, which glibc maps anew (torch.add's output too), and an eager
+// forward+backward of 32-64 MiB tensors ran 2.5-5x slower on the 2-core CPU machine (bench/NOTES.md
+// item 83). The pool is a c10::Allocator, so a pooled tensor's storage is resizable like any CPU
+// tensor's.
 #include "host_pool.h"
 
 #include <ATen/Context.h>
@@ -39,7 +43,7 @@ namespace {
 
 constexpr size_t kPage = 4096;
 constexpr size_t kMinBlock = size_t{128} << 10;
-constexpr int64_t kDefaultLimit = int64_t{64} << 20;
+constexpr int64_t kDefaultLimit = int64_t{256} << 20;
 
 void delete_block(void* data);
 
