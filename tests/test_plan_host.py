@@ -457,6 +457,9 @@ int main() {
     show(9, 4, false, 1000, 16392);  // longer than 16384 steps: not
     show(9, 2, false, 900, 16384);   // 6.8 per SM beyond 12288 steps (one wave of these blocks): small (H200)
     show(9, 2, false, 1000, 20000);  // 7.6 per SM beyond 12288 steps: not
+    show(9, 2, true, 900, 16384);    // whole small stream tiles, look-back tiles by default: small (H200)
+    show(9, 2, true, 2000, 8192);    // 15 per SM of whole tiles: small (H200)
+    show(9, 2, true, 900, 4096);     // not beyond 4096 steps: not
   }
   // a tuned choice (tile.e16t128) yields to them where they apply (1000 rows), not elsewhere; a plain
   // preference runs as named
@@ -482,21 +485,22 @@ def test_small_stream_rows_default(tmp_path):
     """Aligned rows of mid length take the small stream config (128 threads, two stages, 7 blocks per
     SM) on the H200 only: the 4-byte forward at 2-24 rows per SM (2-8 of 8193-16384 steps), the 2-byte
     forward at 2-9 (7 beyond 12288 steps) and, of 8193-16384 steps, from 9 on; the 4-byte backward at
-    2-8, the 2-byte backward
-    where the default takes a stream block per row (bf16 500 x 10000 forward 0.61 -> 0.80 of
-    torch.add, float32 1000 x 3000 backward 0.57 -> 0.89; plan.h's small_stream_rows; to 16 rows per
-    SM, as measured); outside those ranges, and on the H100, the plans stay.
+    2-8, the 2-byte backward at 2-16 where the default takes a stream block per row or the rows are
+    whole small tiles beyond 4096 steps (bf16 500 x 10000 forward 0.61 -> 0.80 of torch.add, float32
+    1000 x 3000 backward 0.57 -> 0.89, bf16 900 x 16384 backward 0.69 -> 0.80; plan.h's
+    small_stream_rows); outside those ranges, and on the H100, the plans stay.
     A tuned choice yields to them (the caches predate them); a config preferred by name does not."""
     got = [" ".join(line.split()[5:]) for line in _run_program(tmp_path, "small_stream", _SMALL_STREAM_PROGRAM)]
-    h200, h100, tuned = got[:21], got[21:42], got[42:]
+    h200, h100, tuned = got[:24], got[24:48], got[48:]
     assert tuned == ["stream.e8t128s2", "tile.e16t128", "tile.e16t128"]
     small = [i for i, name in enumerate(h200) if name.startswith(("stream.e8t128s2", "stream.e16t128s2"))]
-    assert small == [0, 3, 6, 10, 12, 14, 19]
+    assert small == [0, 3, 6, 10, 12, 14, 19, 21, 22]
     assert [h200[i] for i in small] == ["stream.e8t128s2 5 5", "stream.e8t128s2 9 9", "stream.e16t128s2 5 5",
                                         "stream.e16t128s2 5 5", "stream.e8t128s2 3 3", "stream.e16t128s2 4 4",
-                                        "stream.e16t128s2 8 8"]
+                                        "stream.e16t128s2 8 8", "stream.e16t128s2 8 8", "stream.e16t128s2 4 4"]
     assert not any("t128s2" in name for name in h100)
     assert h200[5] == "tile.e16t256 1 1" and h200[15] == "tile.e16t64 10 1"
+    assert h100[21] == "tile.e16t64 16 1" and h200[23] == h100[23]
 
 _WHOLE_ROW_TILE_PROGRAM = _SHOW + r"""
 int main() {

@@ -474,13 +474,13 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 //   steps): bf16 500 x 10000 0.61 -> 0.80, 1056 x 8192 0.69 -> 0.82, 600 x 14000 0.65 -> 0.82, 900 x
 //   24576 0.69 -> 0.89 (item 83); not shorter rows (1000 x 3000 0.80 -> 0.61), nor more rows of more
 //   than 12288 steps (1056 x 16384 0.82 -> 0.74, 1100 x 24576 0.75 against 0.86 with 256 threads);
-//   8192 < L <= 16384 from 9 rows per SM on (item 80): 2000 x 10000 0.59 -> 0.78, 16000 x 10000 0.89
-//   -> 0.97, 2000 x 16384 level; not 2000 x 5000 (0.80 -> 0.66);
-// - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk):
-//   float32 1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;
-// - backward 2-byte, L <= 32768, where the default takes a stream block per row, 2 to 16 rows per SM:
-//   bf16 1056 x 8192 0.55 -> 0.81, 528 x 32768 0.73 -> 0.79; the default's tiles stay ahead elsewhere
-//   (500 x 10000 0.75 against 0.66; item 83: mixed at 4-7 per SM, 600 x 14000 0.72 -> 0.70).
+//   8192 < L <= 16384 from 9 rows per SM (item 80): 2000 x 10000 0.59 -> 0.78, 2000 x 16384 level;
+// - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk): float32
+//   1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;
+// - backward 2-byte, L <= 32768, 2 to 16 rows per SM where the default takes a stream block per row
+//   (bf16 1056 x 8192 0.55 -> 0.81, 528 x 32768 0.73 -> 0.79) or rows of whole small stream tiles
+//   beyond 4096 steps (item 84, against look-back tiles: bf16 300 x 8192 0.72 -> 0.82, 2000 x 8192
+//   0.70 -> 0.77, 900 x 16384 0.69 -> 0.80); a partial last tile loses (600 x 10000 0.76 -> 0.72).
 inline bool small_stream_device(const DeviceInfo& dev) {
   return dev.cc_major == 9 && dev.dram_gbps_per_sm > kFastDramGbpsPerSm;
 }
@@ -490,7 +490,8 @@ inline bool small_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
     return false;
   const int64_t L = p.len, rows = p.num_seq, sms = dev.num_sms;
   if (p.backward && elem_size == 2)
-    return rows >= 2 * sms && rows <= 16 * sms && L <= 32768 && plan.kind == ScanKind::kStream;
+    return rows >= 2 * sms && rows <= 16 * sms && L <= 32768 &&
+           (plan.kind == ScanKind::kStream || (L > 4096 && L % stream_config(2, kStreamSmall).tile() == 0));
   if (rows <= 2 * sms) return false;
   if (p.backward) return L > 2048 && L <= 16384 && rows < 8 * sms;
   if (elem_size == 4) return L > 2048 && (L <= 8192 ? rows <= 24 * sms : L <= 16384 && rows <= 8 * sms);
