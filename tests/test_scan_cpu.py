@@ -93,6 +93,61 @@ def test_walk_vector_boundaries(length, reverse, dtype):
     _check(x, c, gy, h0, -1, reverse, dtype)
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("shape", [(4000, 33), (1999, 9), (517, 47), (333, 127), (64, 3)],
+                         ids=["33", "9", "47", "127", "3"])
+def test_segmented_short_rows(threads, shape, reverse, dtype):
+    """Short contiguous rows without `initial`: blocks of several rows walked as one sequence, the
+    coefficient across each row start zeroed (scan_cpu.cpp's segment_rows; the last block shorter;
+    the 4-byte rows of 47 steps and all of 127 (2-byte only) at the rule's edges), grad_initial from
+    each row's first step."""
+    x, c, gy, _ = _inputs(shape, -1, dtype, with_initial=False, seed=shape[1])
+    _check(x, c, gy, None, -1, reverse, dtype)
+    y = scan_op(x, c, None, -1, reverse, None, None)
+    dh0 = scan_backward_op(gy, c, y, None, -1, reverse, None)[2]
+    dh0_ref = scan_backward_ref(gy.double(), c.double(), y.double(), torch.zeros(shape[0], dtype=torch.float64), -1,
+                                reverse, scan=chunked_scan)[2]
+    assert_close_scaled(dh0, dh0_ref, dtype, "grad_initial")
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_segmented_rows_keep_nan_inf_in_their_row(threads, reverse, dtype):
+    """An inf in one row's x, a NaN and an inf coefficient (the latter at a row's first step, whose
+    product with the zero initial state is NaN) and an inf gradient leave every other row finite and
+    as without them (the segmented walk would carry 0 x inf into the next rows: its blocks with a
+    non-finite state walk again row by row; their other rows may round differently)."""
+    rows, length = 4096, 33
+    x, c, _, _ = _inputs((rows, length), -1, dtype, with_initial=False)
+    last = 0 if reverse else length - 1
+    xb, cb = x.clone(), c.clone()
+    xb[2, last] = float("inf")
+    cb[5, 10] = float("nan")
+    cb[7, length - 1 - last] = float("inf")
+    outs = []
+    for xi, ci in ((x, c), (xb, cb)):
+        xi, ci = xi.clone().requires_grad_(), ci.clone().requires_grad_()
+        y = torch_linrec.scan(xi, ci, None, -1, reverse, backend="native")
+        gy = torch.ones_like(y)
+        gy[9, length - 1 - last] = float("inf")
+        outs.append((y.detach(), *torch.autograd.grad(y, (xi, ci), gy)))
+    poisoned = torch.zeros(rows, dtype=torch.bool)
+    poisoned[[2, 5, 7, 9]] = True
+    for clean, bad in zip(*outs):
+        assert torch.isfinite(bad[~poisoned]).all()
+        torch.testing.assert_close(bad[~poisoned], clean[~poisoned])
+    assert torch.isnan(outs[1][0][7]).all()  # c h_{-1} = inf x 0 at row 7's first step
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 def test_broadcast_coeffs(reverse):
     """Coeffs broadcast along L (the strided path) and along the batch of a (B, L, D) input (rows)."""

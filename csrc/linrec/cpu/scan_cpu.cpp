@@ -25,7 +25,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -41,6 +43,9 @@ namespace {
 constexpr int64_t kGroup = 16;           // sequences per group of the strided path
 constexpr int64_t kMinChunk = 1 << 14;   // fewest elements (steps x state width) of one chunk of a split
 constexpr int64_t kGrainElems = 1 << 15; // fewest elements per parallel_for task
+// The segmented walk's blocks (segment_rows): about kSegmentSteps steps each (this VM, in one process:
+// 8192 ahead of 2048, 512 behind both).
+constexpr int64_t kSegmentSteps = 8192;
 
 // The first chunk's length relative to the others' in the chained split (pass 1 scans it beside the
 // summaries of the others). This VM, 2 threads, interleaved in one process (bench/NOTES.md item 80):
@@ -212,47 +217,148 @@ bool pair_walk(const ScanParams& p) {
          split_chunks(p.num_seq, 1, p.len) == 1;
 }
 
-// The walk over pairs of sequences (the last alone where their number is odd): each pair's middle
-// steps by the pair kernels, its first and last steps (partial vectors) one sequence at a time.
-// Sequence j pairs with j + ceil(n/2), so that a thread's sequences make two unbroken streams per
-// operand: adjacent pairs (2j, 2j+1) made each stream a run of one row that skipped the next, which
-// the prefetchers followed poorly (2-byte rows of 1024 steps: 1.1-1.5x slower from memory;
-// bench/NOTES.md item 65). at(slot, i), in(slot, i), init_value(i): as in scan_walk.
-template <typename T, int S, typename At, typename In, typename InitValue>
-void scan_walk_pairs(const ScanParams& p, const At& at, const In& in, const InitValue& init_value) {
-  const int64_t L = p.len, n = p.num_seq, K = avx2::kPairSteps<T>, half = (n + 1) / 2;
+// One sequence of the walk, at its step 0: the forward's c, x -> y, the backward's c, dy, y -> dx, dc
+// and d_initial (where dh0 is set); `init` is the forward's entering state, the backward's y_L.
+template <typename T, int S>
+struct WalkSeq {
+  avx2::WalkIn<S, T> c, in, y;  // in: x or dy; y: the backward's saved forward output
+  T* out;                       // y or dx
+  T* dc;
+  T* dh0;
+  float init;
+};
+
+// Walks one sequence of L steps, or two side by side (rows = 2): each pair's middle steps by the pair
+// kernels, its first and last steps (partial vectors) one sequence at a time.
+// The final states go to h_out where set.
+template <typename T, int S>
+void walk_pair(bool backward, int64_t L, int rows, const WalkSeq<T, S>* q, float* h_out = nullptr) {
+  const int64_t K = avx2::kPairSteps<T>;
+  float h[2];
+  if (!backward) {
+    const int64_t body = rows == 2 ? L / K * K : 0;
+    for (int k = 0; k < rows; ++k) h[k] = q[k].init;
+    if (body > 0) avx2::walk_forward_pair(q[0].c, q[0].in, q[0].out, q[1].c, q[1].in, q[1].out, 0, body, h);
+    for (int k = 0; k < rows && body < L; ++k)
+      avx2::walk_forward<S, false>(q[k].c, q[k].in, q[k].out, body, L, &h[k], nullptr);
+    if (h_out) std::copy(h, h + rows, h_out);
+    return;
+  }
+  // The first 8 steps (c_{-1} = 0) and the last ones (past the last full iteration whose y_{u+1}
+  // reads stay before step L) alone, the rest paired.
+  const int64_t head = std::min<int64_t>(L, 8);
+  const int64_t body_end = rows == 2 && L - 1 > head ? head + (L - 1 - head) / K * K : head;
+  auto alone = [&](int k, int64_t t0, int64_t t1) {
+    avx2::walk_backward<S, false>(q[k].c, q[k].in, q[k].y, q[k].out, q[k].dc, q[k].init, L, t0, t1, &h[k], nullptr);
+  };
+  for (int k = 0; k < rows; ++k) h[k] = 0.f, alone(k, 0, head);
+  if (body_end > head)
+    avx2::walk_backward_pair(q[0].c, q[0].in, q[0].y, q[0].out, q[0].dc, q[1].c, q[1].in, q[1].y, q[1].out, q[1].dc,
+                             head, body_end, h);
+  for (int k = 0; k < rows; ++k) {
+    alone(k, body_end, L);
+    if (q[k].dh0) *q[k].dh0 = static_cast<T>(q[k].c.value(L - 1) * h[k]);  // c_{L-1} g_{L-1}
+  }
+  if (h_out) std::copy(h, h + rows, h_out);
+}
+
+// The walk over pairs of sequences (the last alone where their number is odd). Sequence j pairs
+// with j + ceil(n/2), so that a thread's sequences make two unbroken streams per operand: adjacent
+// pairs (2j, 2j+1) made each stream a run of one row that skipped the next, which the prefetchers
+// followed poorly (2-byte rows of 1024 steps: 1.1-1.5x slower from memory; bench/NOTES.md item 65).
+// seq(i): sequence i's WalkSeq (scan_walk).
+template <typename T, int S, typename Seq>
+void scan_walk_pairs(const ScanParams& p, const Seq& seq) {
+  const int64_t L = p.len, n = p.num_seq, half = (n + 1) / 2;
   const int64_t grain = std::max<int64_t>(1, kGrainElems / (2 * L));
   at::parallel_for(0, half, grain, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      const int64_t r[2] = {j, j + half};
-      const int64_t rows = r[1] < n ? 2 : 1;
-      float h[2];
-      if (!p.backward) {
-        const int64_t body = rows == 2 ? L / K * K : 0;
-        for (int64_t k = 0; k < rows; ++k) h[k] = init_value(r[k]);
-        if (body > 0)
-          avx2::walk_forward_pair(in(kCoeff, r[0]), in(kIn, r[0]), at(kOut, r[0]), in(kCoeff, r[1]), in(kIn, r[1]),
-                                  at(kOut, r[1]), 0, body, h);
-        for (int64_t k = 0; k < rows && body < L; ++k)
-          avx2::walk_forward<S, false>(in(kCoeff, r[k]), in(kIn, r[k]), at(kOut, r[k]), body, L, &h[k], nullptr);
-        continue;
+      const int rows = j + half < n ? 2 : 1;
+      const WalkSeq<T, S> q[2] = {seq(j), rows == 2 ? seq(j + half) : WalkSeq<T, S>{}};
+      walk_pair<T, S>(p.backward, L, rows, q);
+    }
+  });
+}
+
+// Rows of the walk per segment (1: none). Short rows lying back to back in every operand (unit step
+// stride in the walk's direction, row stride L), without `initial`: each block of G rows is walked
+// as one sequence of G x L steps, with the coefficient that would carry a state across a row start
+// zeroed in a copy (as the GPU's segments, cuda/plan_segments.h), so the per-row calls and partial
+// vectors go. Where the rows' own walk is slower (this VM, 2 threads, fwd / bwd ratio to torch.add,
+// rows -> segments; bench/NOTES.md item 84): 2-byte rows under 128 steps (bf16 131072 x 9 0.15 / 0.17
+// -> 0.68 / 0.58, x 33 0.23 / 0.23 -> 0.77 / 0.64, 65536 x 100 0.63 / 0.60 -> 0.82 / 0.72, fp16 65536
+// x 33 0.16 / 0.17 -> 0.63 / 0.57; 32768 x 128 0.88 / 0.85 -> 0.77 / 0.73 not), 4-byte rows under 48
+// steps off the 8-step vectors (float32 131072 x 9 0.37 / 0.34 -> 0.76 / 0.72, x 33 0.45 / 0.77 ->
+// 0.87 / 0.81; x 24 0.89 / 0.70 -> 0.74 / 0.68, 65536 x 63 0.95 / 1.0 -> 0.88 / 0.84 not).
+template <int S>
+int64_t segment_rows(const ScanParams& p, int elem_size) {
+  const int64_t L = p.len;
+  if (p.nbatch != 1 || p.ptr[kInit] || (elem_size == 2 ? L >= 128 : L >= 48 || L % 8 == 0)) return 1;
+  for (int slot = 0; slot < kNumSlots; ++slot)
+    if (uses_slot(p, slot) && (p.lstride[slot] != S || p.bstride[slot][0] != L)) return 1;
+  // (at least two blocks per thread where there are several)
+  const int64_t threads = at::get_num_threads();
+  return std::max<int64_t>(1, std::min(kSegmentSteps / L, threads == 1 ? p.num_seq : p.num_seq / (2 * threads)));
+}
+
+// The segmented walk (segment_rows): blocks of G rows, two at a time as the pair walk's sequences
+// (block j with j + ceil(blocks / 2)), each through thread-local copies of its coefficients (the
+// backward's also of y) in which the steps that would cross a row start read zero: the forward's
+// c at each row's first step (times 0, so that a NaN or inf coefficient there still poisons the
+// state as c h_{-1} does); the backward's c_{u-1} at a row's first walk step (c at the previous
+// row's last) and its y_{u+1} at a row's last walk step (y at the next row's first). d_initial of
+// each row, c_{L-1} g_{L-1} in walk order, is taken afterwards from its c and stored dx. A block
+// whose final state is not finite walks again row by row (seq(i), as scan_walk_pairs): a NaN or an
+// inf state would reach the next rows as 0 x inf, and any non-finite state reaches the block's end.
+template <typename T, int S, typename At, typename Seq>
+void scan_walk_segments(const ScanParams& p, int64_t G, const At& at, const Seq& seq) {
+  const int64_t L = p.len, N = p.num_seq, n = G * L, blocks = (N + G - 1) / G, half = (blocks + 1) / 2;
+  at::parallel_for(0, half, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> buf((p.backward ? 4 : 2) * n);
+    // A copy of `len` walk steps from src (step u at src + u * S) into buffer k; returns its step 0.
+    auto copy = [&](int k, const T* src, int64_t len) {
+      T* lowest = buf.data() + k * n;
+      std::memcpy(lowest, S > 0 ? src : src - (len - 1), len * sizeof(T));
+      return S > 0 ? lowest : lowest + (len - 1);
+    };
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t b[2] = {j, j + half};
+      const int blocks_here = b[1] < blocks ? 2 : 1;
+      WalkSeq<T, S> q[2];
+      int64_t rows[2];
+      for (int k = 0; k < blocks_here; ++k) {
+        const int64_t r0 = b[k] * G;
+        rows[k] = std::min(G, N - r0);
+        T* c = copy(k, at(kCoeff, r0), rows[k] * L);
+        if (!p.backward) {
+          for (int64_t i = 0; i < rows[k]; ++i) c[i * L * S] = static_cast<T>(static_cast<float>(c[i * L * S]) * 0.f);
+          q[k] = {{c, false}, {at(kIn, r0), false}, {}, at(kOut, r0), nullptr, nullptr, 0.f};
+          continue;
+        }
+        T* y = copy(2 + k, at(kOut, r0), rows[k] * L);
+        for (int64_t i = 0; i < rows[k]; ++i) c[(i * L + L - 1) * S] = T(0.f), y[i * L * S] = T(0.f);
+        q[k] = {{c, false}, {at(kIn, r0), false}, {y, false}, at(kGradIn, r0), at(kGradCoeff, r0), nullptr, 0.f};
       }
-      // The first 8 steps (c_{-1} = 0) and the last ones (past the last full iteration whose y_{u+1}
-      // reads stay before step L) alone, the rest paired.
-      const int64_t head = std::min<int64_t>(L, 8);
-      const int64_t body_end = rows == 2 && L - 1 > head ? head + (L - 1 - head) / K * K : head;
-      auto alone = [&](int64_t k, int64_t t0, int64_t t1) {
-        avx2::walk_backward<S, false>(in(kCoeff, r[k]), in(kIn, r[k]), in(kOut, r[k]), at(kGradIn, r[k]),
-                                      at(kGradCoeff, r[k]), init_value(r[k]), L, t0, t1, &h[k], nullptr);
-      };
-      for (int64_t k = 0; k < rows; ++k) h[k] = 0.f, alone(k, 0, head);
-      if (body_end > head)
-        avx2::walk_backward_pair(in(kCoeff, r[0]), in(kIn, r[0]), in(kOut, r[0]), at(kGradIn, r[0]),
-                                 at(kGradCoeff, r[0]), in(kCoeff, r[1]), in(kIn, r[1]), in(kOut, r[1]),
-                                 at(kGradIn, r[1]), at(kGradCoeff, r[1]), head, body_end, h);
-      for (int64_t k = 0; k < rows; ++k) {
-        alone(k, body_end, L);
-        *at(kGradInit, r[k]) = static_cast<T>(in(kCoeff, r[k]).value(L - 1) * h[k]);  // c_{L-1} g_{L-1}
+      float h[2];
+      if (blocks_here == 2 && rows[0] == rows[1]) {
+        walk_pair<T, S>(p.backward, rows[0] * L, 2, q, h);
+      } else {
+        for (int k = 0; k < blocks_here; ++k) walk_pair<T, S>(p.backward, rows[k] * L, 1, &q[k], &h[k]);
+      }
+      for (int k = 0; k < blocks_here; ++k) {
+        const int64_t r0 = b[k] * G;
+        if (!std::isfinite(h[k])) {
+          for (int64_t r = r0; r < r0 + rows[k]; ++r) {
+            const WalkSeq<T, S> row = seq(r);
+            walk_pair<T, S>(p.backward, L, 1, &row);
+          }
+        } else if (p.backward) {
+          const T* c = at(kCoeff, r0);
+          for (int64_t i = 0; i < rows[k]; ++i) {
+            const int64_t last = (i * L + L - 1) * S;  // the row's last walk step
+            *at(kGradInit, r0 + i) = static_cast<T>(static_cast<float>(c[last]) * static_cast<float>(q[k].out[last]));
+          }
+        }
       }
     }
   });
@@ -268,7 +374,13 @@ void scan_walk(const ScanParams& p) {
   };
   auto in = [&](int slot, int64_t i) { return avx2::WalkIn<S, T>{at(slot, i), p.lstride[slot] == 0}; };
   auto init_value = [&](int64_t i) { return p.ptr[kInit] ? static_cast<float>(*at(kInit, i)) : 0.f; };
-  if (pair_walk<T>(p)) return scan_walk_pairs<T, S>(p, at, in, init_value);
+  auto seq = [&](int64_t i) {
+    return p.backward ? WalkSeq<T, S>{in(kCoeff, i), in(kIn, i), in(kOut, i), at(kGradIn, i), at(kGradCoeff, i),
+                                      at(kGradInit, i), init_value(i)}
+                      : WalkSeq<T, S>{in(kCoeff, i), in(kIn, i), {}, at(kOut, i), nullptr, nullptr, init_value(i)};
+  };
+  if (const int64_t g = segment_rows<S>(p, sizeof(T)); g > 1) return scan_walk_segments<T, S>(p, g, at, seq);
+  if (pair_walk<T>(p)) return scan_walk_pairs<T, S>(p, seq);
   if (!p.backward) {
     chained(
         p.num_seq, 1, L, false,
