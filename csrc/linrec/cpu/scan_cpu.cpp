@@ -5,7 +5,8 @@
 //   sequences two at a time, one per half vector, 4 steps per half with an in-register scan (the
 //   pair walk; a lone sequence, a chunk of a split one and float32's backward: 8 steps per vector).
 //   Each sequence streams its own contiguous runs (no group of 16 rows at a power-of-two stride
-//   competing for the same cache sets, as the strided path's do).
+//   competing for the same cache sets, as the strided path's do). Short rows back to back without
+//   `initial` walk in segments: blocks of whole rows as one sequence each (segment_rows).
 // - rows (scan_avx2_rows.h): channels contiguous (the (B, L, D) layout): blocks of channels walk L, each
 //   step one contiguous run per operand.
 // - strided: any other layout, float64, or a CPU without AVX2: groups of 16 neighbouring sequences
