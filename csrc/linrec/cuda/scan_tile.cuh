@@ -520,10 +520,20 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
   }
   // Chunk-major order: all sequences' chunk k start before any chunk k+1, keeping look-back short.
   const int64_t chunk = lookback ? vid / p.num_seq : 0, seq = vid - chunk * p.num_seq;
+  // One batch dim (rows back to back, coalesced): each offset is one product. The general
+  // decomposition over every batch dim, predicated for all eight, was most of the ~750 instructions
+  // a block ran once (bf16 131072 x 1024 backward, ncu: against ~610 per tile, at ~3 of 4 issued per
+  // cycle; bench/NOTES.md item 84). The backward only, and not its 4-byte 16-step tiles: with it
+  // those took 124 registers instead of 92-94, the 2-byte forward's 32-step tiles 117-121 instead of 94-96.
   int64_t off[kNumSlots];
-  const SeqIndex index(p, seq);
+  if (kBackward && (sizeof(T) == 2 || E == 8) && p.nbatch == 1) {
 #pragma unroll
-  for (int slot = 0; slot < kNumSlots; ++slot) off[slot] = index.offset(p, slot);
+    for (int slot = 0; slot < kNumSlots; ++slot) off[slot] = seq * p.bstride[slot][0];
+  } else {
+    const SeqIndex index(p, seq);
+#pragma unroll
+    for (int slot = 0; slot < kNumSlots; ++slot) off[slot] = index.offset(p, slot);
+  }
   const SeqTensors<T> s(p, off);
   const int64_t L = p.len;
   const int phase = kPhaseShift ? vector_phase<T>(s.in, s.ls_in) : 0;
