@@ -103,11 +103,24 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
   const int64_t seq = block_seq + lane * CPL;
   const bool active = seq < p.num_seq;  // CPL > 1: num_seq is a multiple of CPL
 
-  const SeqIndex si(p, active ? seq : 0);
-  const T* in = slot_ptr<T>(p, kIn, si.offset(p, kIn));
-  const T* cf = slot_ptr<T>(p, kCoeff, si.offset(p, kCoeff));
-  T* y = slot_ptr<T>(p, kOut, si.offset(p, kOut));
-  const T* h0 = slot_ptr<T>(p, kInit, si.offset(p, kInit));
+  // Each slot's offset: (B, L, D) rows are two batch dims, one 32-bit division (the general
+  // decomposition over eight, predicated, per thread and block; see scan_tile.cuh's offsets).
+  int64_t off[kNumSlots];
+  if (p.nbatch <= 2 && p.num_seq <= INT32_MAX) {
+    const uint32_t s32 = static_cast<uint32_t>(active ? seq : 0), d = static_cast<uint32_t>(p.bsize[0]);
+    const uint32_t outer = p.nbatch == 2 ? s32 / d : 0u, inner = s32 - outer * d;
+#pragma unroll
+    for (int slot = 0; slot < kNumSlots; ++slot)
+      off[slot] = int64_t(inner) * p.bstride[slot][0] + (p.nbatch == 2 ? int64_t(outer) * p.bstride[slot][1] : 0);
+  } else {
+    const SeqIndex si(p, active ? seq : 0);
+#pragma unroll
+    for (int slot = 0; slot < kNumSlots; ++slot) off[slot] = si.offset(p, slot);
+  }
+  const T* in = slot_ptr<T>(p, kIn, off[kIn]);
+  const T* cf = slot_ptr<T>(p, kCoeff, off[kCoeff]);
+  T* y = slot_ptr<T>(p, kOut, off[kOut]);
+  const T* h0 = slot_ptr<T>(p, kInit, off[kInit]);
   const int64_t L = p.len, ls_in = p.lstride[kIn], ls_c = p.lstride[kCoeff], ls_y = p.lstride[kOut];
   float init[CPL];
 #pragma unroll
@@ -115,9 +128,9 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
     init[k] = h0 && active ? to_float(h0[k * p.bstride[kInit][0]]) : 0.f;
     if (row == 0 && sub == 0) s_state[k * LANES + lane] = kBackward ? 0.f : init[k];  // read after the first barrier
   }
-  T* dx = slot_ptr<T>(p, kGradIn, si.offset(p, kGradIn));  // backward outputs (null in the forward)
-  T* dc = p.accumulate_grad_coeff ? nullptr : slot_ptr<T>(p, kGradCoeff, si.offset(p, kGradCoeff));
-  float* dc_acc = p.accumulate_grad_coeff ? slot_ptr<float>(p, kGradCoeff, si.offset(p, kGradCoeff)) : nullptr;
+  T* dx = slot_ptr<T>(p, kGradIn, off[kGradIn]);  // backward outputs (null in the forward)
+  T* dc = p.accumulate_grad_coeff ? nullptr : slot_ptr<T>(p, kGradCoeff, off[kGradCoeff]);
+  float* dc_acc = p.accumulate_grad_coeff ? slot_ptr<float>(p, kGradCoeff, off[kGradCoeff]) : nullptr;
   const int64_t ls_dx = p.lstride[kGradIn], ls_dc = p.lstride[kGradCoeff];
 
   // A thread's CH steps of one span from t0 (n of them valid); the backward's c[t-1] and y[t+1]
@@ -256,7 +269,7 @@ __global__ void __launch_bounds__(32 * ROWS, kBackward ? (MIN_BLOCKS + 1) / 2 : 
         if (i < n && !dc_acc) yn[i].store(dc + (t0 + i) * ls_dc);
       }
       if (n > 0 && t0 + n == L) {  // d initial = c[L-1] * g[L-1]
-        T* dh0 = slot_ptr<T>(p, kGradInit, si.offset(p, kGradInit));
+        T* dh0 = slot_ptr<T>(p, kGradInit, off[kGradInit]);
         Pack cl;
         cl.load(cf + (L - 1) * ls_c);
 #pragma unroll
