@@ -523,10 +523,12 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
   // One batch dim (rows back to back, coalesced): each offset is one product. The general
   // decomposition over every batch dim, predicated for all eight, was most of the ~750 instructions
   // a block ran once (bf16 131072 x 1024 backward, ncu: against ~610 per tile, at ~3 of 4 issued per
-  // cycle; bench/NOTES.md item 84). The backward only, and not its 4-byte 16-step tiles: with it
-  // those took 124 registers instead of 92-94, the 2-byte forward's 32-step tiles 117-121 instead of 94-96.
+  // cycle; bench/NOTES.md items 84, 85). Not in the 4-byte backward's 16-step tiles (124 registers
+  // instead of 92-94), the 2-byte forward's 32-step tiles (117-121 instead of 94-100) nor its
+  // 16-thread tiles (86 instead of 64).
+  constexpr bool kOneProduct = kBackward ? (sizeof(T) == 2 || E == 8) : (E <= 16 && NT >= 32);
   int64_t off[kNumSlots];
-  if (kBackward && (sizeof(T) == 2 || E == 8) && p.nbatch == 1) {
+  if (kOneProduct && p.nbatch == 1) {
 #pragma unroll
     for (int slot = 0; slot < kNumSlots; ++slot) off[slot] = seq * p.bstride[slot][0];
   } else {
