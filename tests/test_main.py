@@ -321,6 +321,36 @@ def test_cpu_timer_flushes_the_cache_before_each_timed_call(monkeypatch):
     assert timing._last_level_cache_bytes() >= 0
 
 
+def test_cpu_interleaved_timer_goes_round_robin_after_flushes(monkeypatch):
+    """Timer.interleaved on the CPU times its calls in turn, a, b, a, b, ..., each after a pass over
+    the flush buffer (after one untimed warmup call each), and returns one median per call."""
+    from torch_linrec.bench import timing
+    buf = torch.ones(4)
+    monkeypatch.setattr(timing, "_cache_flush_buffer", lambda: buf)
+    seen = []
+
+    def a():
+        seen.append(("a", buf[0].item()))
+
+    def b():
+        seen.append(("b", buf[0].item()))
+        time.sleep(0.003)
+    ms_a, ms_b = timing.make_timer(CPU).interleaved([a, b])
+    assert seen[:2] == [("a", 1.0), ("b", 1.0)] and len(seen) >= 8 and len(seen) % 2 == 0
+    assert [name for name, _ in seen[2:]] == ["a", "b"] * (len(seen) // 2 - 1)
+    assert [sign for _, sign in seen[2:]] == [(-1.0) ** k for k in range(1, len(seen) - 1)]
+    assert ms_b >= 3.0 > ms_a
+
+
+def test_cpu_ratios_use_the_interleaved_add(monkeypatch):
+    """On the CPU a row's ms_add is the torch.add timed with its own calls, and both ratios use it."""
+    timer = make_timer(CPU, quick=True)
+    monkeypatch.setattr(type(timer), "interleaved", lambda self, fns: [2.0, 4.0, 16.0])
+    (row,) = run_benchmark([_impl("native")], [parse_shape("2x64x8:dim=1")], CPU, "quick", timer, progress=False)
+    assert (row.ms_add, row.ms_fwd, row.ms_fwdbwd) == (2.0, 4.0, 16.0)
+    assert row.ratio_fwd == 0.5 and row.ratio_fwdbwd == pytest.approx(8 / 3 * 2.0 / 16.0)
+
+
 def test_uncapturable_call_is_a_note_not_an_error():
     row = Row(impl="x", case="small-call", size="full", shape="1x2", dim=1, dtype="float32",
               error="CUDA graph: RuntimeError: operation not permitted when stream is capturing")

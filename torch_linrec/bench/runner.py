@@ -18,7 +18,9 @@ then per implementation:
 
 Bandwidth counts 3 tensors for the forward (read ``x, coeffs``, write ``y``) and 8 for forward and
 backward (also read ``grad_y, coeffs, y``, write ``grad_x, grad_coeffs``). The ratios compare with
-moving the same bytes at ``torch.add`` speed: ``t_add / t_fwd`` and ``(8/3 t_add) / t_fwdbwd``.
+moving the same bytes at ``torch.add`` speed: ``t_add / t_fwd`` and ``(8/3 t_add) / t_fwdbwd``. On
+CUDA ``t_add`` is timed once per case; on the CPU, for each implementation, round-robin with its two
+calls (:meth:`Timer.interleaved`: a shared machine's speed drifts).
 Broadcast coeffs (a ``--shapes`` case) count as the fraction ``f = coeffs.numel() / x.numel()`` of a
 tensor, in the scan as in ``torch.add(x, coeffs)``: ``2 + f`` tensors forward, ``5 + 3f`` forward and
 backward, ratio ``((5 + 3f) / (2 + f) t_add) / t_fwdbwd``.
@@ -163,10 +165,12 @@ def _bench_impl(impl: Impl, row: Row, inputs, ref: SliceReference, timer: Timer,
     del outs
     f = c.numel() / x.numel()  # broadcast coeffs: a fraction of a tensor
     n_fwd, n_fwdbwd = 2 + f, 5 + 3 * f  # 3 and 8 tensors for full-size coeffs
-    row.ms_fwd = timer(fwd)
+    if device.type == "cuda":  # steady: torch.add was timed once for the case
+        row.ms_fwd, row.ms_fwdbwd = timer(fwd), timer(fwd_bwd)
+    else:  # a shared CPU's speed drifts: torch.add in the same rounds as the two
+        row.ms_add, row.ms_fwd, row.ms_fwdbwd = timer.interleaved([lambda: torch.add(x, c), fwd, fwd_bwd])
     row.gbps_fwd = n_fwd * tensor_bytes / row.ms_fwd / 1e6
     row.ratio_fwd = row.ms_add / row.ms_fwd
-    row.ms_fwdbwd = timer(fwd_bwd)
     row.gbps_fwdbwd = n_fwdbwd * tensor_bytes / row.ms_fwdbwd / 1e6
     row.ratio_fwdbwd = n_fwdbwd / n_fwd * row.ms_add / row.ms_fwdbwd
     row.host_ms_fwdbwd = timer.host_ms(fwd_bwd)

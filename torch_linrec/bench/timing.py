@@ -5,8 +5,9 @@ when Triton is importable, else CUDA events around each call (median). On the CP
 ``time.perf_counter`` medians of repeats after a warmup call, the last-level cache flushed before
 each repeat as ``do_bench`` flushes the L2 (not in quick mode): otherwise an operand set that fits
 the cache (``torch.add`` on 8 MiB tensors beside a 32 MiB L3) is timed from the cache while a scan's
-forward+backward, which touches twice the bytes, is timed from DRAM (bench/NOTES.md item 83). The
-timer also splits a call's cost:
+forward+backward, which touches twice the bytes, is timed from DRAM (bench/NOTES.md item 83).
+:meth:`Timer.interleaved` times several calls round-robin on the CPU, for their ratios. The timer
+also splits a call's cost:
 :meth:`Timer.host_ms` (the host's time to issue one call) and :meth:`Timer.graph_ms` (the device's
 time: the call captured in a CUDA graph and replayed).
 """
@@ -83,6 +84,27 @@ def _cpu_ms(fn: Callable[[], object], budget_s: float, min_reps: int, max_reps: 
     return statistics.median(times) * 1e3
 
 
+def _cpu_interleaved_ms(fns: list[Callable[[], object]], budget_s: float, min_reps: int, max_reps: int,
+                        flush: bool = False) -> list[float]:
+    """Medians of ``fns`` timed round-robin, each call after a cache flush when ``flush``; the budget
+    counts every timed call."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    buf = _cache_flush_buffer() if flush else None
+    t_end = time.perf_counter() + budget_s
+    while len(times[0]) < min_reps or (len(times[0]) < max_reps and time.perf_counter() < t_end):
+        for fn, out in zip(fns, times):
+            if buf is not None:
+                t_flush = time.perf_counter()
+                buf.neg_()
+                t_end += time.perf_counter() - t_flush
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return [statistics.median(t) * 1e3 for t in times]
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -109,6 +131,21 @@ class Timer:
                 return _cuda_events_ms(fn, warmup=max(3, warmup // 5), reps=max(10, rep // 2))
         budget, min_reps = self._budget()
         return _cpu_ms(fn, budget, min_reps, max_reps=50, flush=not self.quick)
+
+    def interleaved(self, fns: list[Callable[[], object]]) -> list[float]:
+        """The median time of one call of each of ``fns``, for ratios between them that a machine's
+        slow and fast phases do not skew.
+
+        On the CPU they are timed round-robin, call by call (each after the cache flush when not
+        ``quick``): on a shared VM the medians of both the scan and ``torch.add`` moved up to ~1.8x
+        between timings a few seconds apart, which turned into ratios of 0.5 to 1.5 when each was timed
+        at its own moment (bench/NOTES.md item 85). On CUDA each is timed in turn as :meth:`__call__`
+        times it (steady under ``do_bench``).
+        """
+        if self.device.type == "cuda":
+            return [self(fn) for fn in fns]
+        budget, min_reps = self._budget()
+        return _cpu_interleaved_ms(fns, len(fns) * budget, min_reps, max_reps=50, flush=not self.quick)
 
     def _budget(self) -> tuple[float, int]:
         return (0.02, 2) if self.quick else (0.25, 3)
