@@ -68,22 +68,6 @@ def _cache_flush_buffer() -> torch.Tensor:
     return torch.zeros(size // 4, dtype=torch.float32)
 
 
-def _cpu_ms(fn: Callable[[], object], budget_s: float, min_reps: int, max_reps: int, flush: bool = False) -> float:
-    fn()
-    times: list[float] = []
-    buf = _cache_flush_buffer() if flush else None
-    t_end = time.perf_counter() + budget_s
-    while len(times) < min_reps or (len(times) < max_reps and time.perf_counter() < t_end):
-        if buf is not None:  # read and written through the caches (a memset may bypass them)
-            t_flush = time.perf_counter()
-            buf.neg_()
-            t_end += time.perf_counter() - t_flush  # the budget counts the timed calls only
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 def _cpu_interleaved_ms(fns: list[Callable[[], object]], budget_s: float, min_reps: int, max_reps: int,
                         flush: bool = False) -> list[float]:
     """Medians of ``fns`` timed round-robin, each call after a cache flush when ``flush``; the budget
@@ -130,7 +114,7 @@ class Timer:
                     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
                 return _cuda_events_ms(fn, warmup=max(3, warmup // 5), reps=max(10, rep // 2))
         budget, min_reps = self._budget()
-        return _cpu_ms(fn, budget, min_reps, max_reps=50, flush=not self.quick)
+        return _cpu_interleaved_ms([fn], budget, min_reps, max_reps=50, flush=not self.quick)[0]
 
     def interleaved(self, fns: list[Callable[[], object]]) -> list[float]:
         """The median time of one call of each of ``fns``, for ratios between them that a machine's
