@@ -199,8 +199,17 @@ __device__ __forceinline__ T* out_base(const SeqTensors<T>& s, int slot, int64_t
   return slot == kOut ? s.y : (slot == kGradIn ? s.dx : s.dc);
 }
 
+// Resident blocks per SM the launch bounds ask for: eight of the 2-byte forward's small blocks (at 68
+// registers an SM held seven, and 7-8 rows per SM made a second wave: H200 bf16 1000 x 12000 0.71 ->
+// 0.82-0.85 of torch.add, 1050 x 10000 0.71-0.74 -> 0.85-0.88; at 6-7 rows per SM the 63-register
+// block is slower, bf16 900 x 14000 0.87 -> 0.84, 800 x 16384 0.92 -> 0.88; bench/NOTES.md item 85).
+template <typename T, int NT, bool kBackward>
+constexpr int stream_min_blocks() {
+  return sizeof(T) == 2 && NT == 128 && !kBackward ? 8 : 1;
+}
+
 template <typename T, int E, int NT, int STAGES, bool kBackward>
-__global__ void __launch_bounds__(NT, 1) scan_stream_kernel(const ScanParams p, const StreamArgs args) {
+__global__ void __launch_bounds__(NT, stream_min_blocks<T, NT, kBackward>()) scan_stream_kernel(const ScanParams p, const StreamArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using S = StreamShape<T, E, NT, STAGES, kBackward>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
