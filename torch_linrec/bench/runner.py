@@ -165,7 +165,7 @@ def _bench_impl(impl: Impl, row: Row, inputs, ref: SliceReference, timer: Timer,
     del outs
     f = c.numel() / x.numel()  # broadcast coeffs: a fraction of a tensor
     n_fwd, n_fwdbwd = 2 + f, 5 + 3 * f  # 3 and 8 tensors for full-size coeffs
-    if device.type == "cuda":  # steady: torch.add was timed once for the case
+    if device.type == "cuda":  # steady: torch.add was timed once for the case (_bench_case)
         row.ms_fwd, row.ms_fwdbwd = timer(fwd), timer(fwd_bwd)
     else:  # a shared CPU's speed drifts: torch.add in the same rounds as the two
         row.ms_add, row.ms_fwd, row.ms_fwdbwd = timer.interleaved([lambda: torch.add(x, c), fwd, fwd_bwd])
@@ -189,7 +189,8 @@ def _bench_case(case: Case, size: str, impls: list[Impl], timer: Timer, device: 
     try:
         inputs = make_inputs(shape, case.dtype, device, seed, coeff_shape=case.coeffs)
         x, c, gy = inputs
-        ms_add = timer(lambda: torch.add(x, c))
+        # On the CPU each implementation times torch.add with its own calls (_bench_impl)
+        ms_add = timer(lambda: torch.add(x, c)) if device.type == "cuda" else NAN
         ref = SliceReference(x, c, gy, case.dim, reverse=case.reverse)
     except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: report the case, go on
         for row in rows:
