@@ -460,7 +460,7 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 }
 
 // The small stream config (configs.h: 128 threads, two stages of 2048 2-byte or 1024 4-byte steps,
-// 24 KB of shared memory in the forward: 7 blocks per SM) for aligned rows of mid length at 2 to 24
+// 24 KB of shared memory in the forward: 8 blocks per SM) for aligned rows of mid length at 2 to 24
 // per SM, on Hopper GPUs whose DRAM gives each SM more than kFastDramGbpsPerSm (measured on the
 // H200 only; the H100 keeps its plans): one wave of these blocks holds every row with its loads in
 // flight, where the defaults' larger stream blocks (2 per SM), look-back tiles or walks leave part
@@ -470,10 +470,12 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 //   or two rows per SM, or longer rows from 16 per SM, it loses (132 x 8192 0.75 -> 0.63); 8192 < L <=
 //   16384 at 2-8 per SM (item 83): 400 x 10000 0.74 -> 0.82, 600 x 12288 0.82 -> 0.90, 1000 x 16384
 //   level; from 9 per SM level or lower (1500 x 12288 0.92 -> 0.90);
-// - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM (to 7, one wave of them, beyond 12288
+// - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM (to 8, one wave of them, beyond 12288
 //   steps): bf16 500 x 10000 0.61 -> 0.80, 1056 x 8192 0.69 -> 0.82, 600 x 14000 0.65 -> 0.82, 900 x
-//   24576 0.69 -> 0.89 (item 83); not shorter rows (1000 x 3000 0.80 -> 0.61), nor more rows of more
-//   than 12288 steps (1056 x 16384 0.82 -> 0.74, 1100 x 24576 0.75 against 0.86 with 256 threads);
+//   24576 0.69 -> 0.89 (item 83), 7-8 per SM since these blocks fit 8 per SM (item 86): 1000 x 14000
+//   0.65-0.69 -> 0.82-0.86, 1056 x 16384 0.80-0.84 -> 0.88-0.91, 1050 x 24576 0.84 -> 0.87-0.90; not
+//   shorter rows (1000 x 3000 0.80 -> 0.61), nor more rows of more than 12288 steps (a second wave:
+//   1100 x 24576 0.75 against 0.86 with 256 threads);
 //   8192 < L <= 16384 from 9 rows per SM (item 80): 2000 x 10000 0.59 -> 0.78, 2000 x 16384 level;
 // - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk): float32
 //   1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;
@@ -495,7 +497,7 @@ inline bool small_stream_rows(const ScanParams& p, int elem_size, const DeviceIn
   if (rows <= 2 * sms) return false;
   if (p.backward) return L > 2048 && L <= 16384 && rows < 8 * sms;
   if (elem_size == 4) return L > 2048 && (L <= 8192 ? rows <= 24 * sms : L <= 16384 && rows <= 8 * sms);
-  return (L > 4096 && L <= 32768 && rows <= (L > 12288 ? 7 : 9) * sms) || (L > 8192 && L <= 16384 && rows > 9 * sms);
+  return (L > 4096 && L <= 32768 && rows <= (L > 12288 ? 8 : 9) * sms) || (L > 8192 && L <= 16384 && rows > 9 * sms);
 }
 
 // The default plan of a problem whose scanned dim is innermost (before small_stream_rows).
