@@ -510,11 +510,12 @@ def test_segmented_rows_default(reverse, dtype):
     """Many rows of at most one walking tile, which the default plan groups into sequences of
     several rows with segments (plan_segments.h's segment_rows; test_plan_host checks that these shapes are
     grouped: 8 rows of 128 steps, 40 of 37 (3 tiles, the last partial), 1024 of 1, float32's 4 of
-    255, 4 of 128, 8 of 300 (5 tiles), 2-4 of 512 (whole tiles: masked at tile edges only), and on
-    GPUs with fast DRAM the 2-byte backward's 2 of 1024): every output, grad_initial of each row
-    included; with `initial` and a sliced view the rows are not grouped."""
+    255, 4 of 128, 2-4 of 512 (whole tiles: masked at tile edges only), and on GPUs with fast DRAM
+    the 2-byte backward's 2 of 1024; ragged, a last group of fewer rows: float32's 5 of 300, 10 of 100
+    (20 in the backward and for 2-byte types), and groups of 20011 rows of 104 steps): every output,
+    grad_initial of each row included; with `initial` and a sliced view the rows are not grouped."""
     cases = [(8448, 128), (48000, 37), (1081344, 1), (4224, 255), (8000, 128), (131072, 300), (32768, 512),
-             (4224, 1024)]
+             (4224, 1024), (131072, 100), (20011, 104)]
     for i, (rows, length) in enumerate(cases):
         x, c = _contiguous_rows(rows, length, dtype, seed=31 + i)
         check_against_cpu_kernel(x, c, None, -1, reverse, dtype, "native", "native")

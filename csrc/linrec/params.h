@@ -26,6 +26,11 @@ struct ScanParams : StridedLayout<kNumSlots> {
   // that holds the sequence's last step).
   int64_t seg_len;
   int64_t seg_grad_init_step;
+  // The one sequence that holds fewer rows than the others (a ragged last group; -1: none), its
+  // length, and what each slot's offset adds for it (cuda/plan_segments.h segment_params).
+  int64_t seg_short_seq;
+  int64_t seg_short_len;
+  int64_t seg_short_off[kNumSlots];
 };
 
 // How a tile kernel's sequences hold rows (ScanParams::seg_len): one row each (none), rows of any

@@ -536,8 +536,13 @@ __global__ void __launch_bounds__(NT, tile_min_blocks<T, E, NT, kBackward, kSegm
 #pragma unroll
     for (int slot = 0; slot < kNumSlots; ++slot) off[slot] = index.offset(p, slot);
   }
+  // Segmented rows: the last group may hold fewer rows than the others (segment_params).
+  const bool short_group = kSegments != kNoSegments && seq == p.seg_short_seq;
+  if (short_group)
+#pragma unroll
+    for (int slot = 0; slot < kNumSlots; ++slot) off[slot] += p.seg_short_off[slot];
   const SeqTensors<T> s(p, off);
-  const int64_t L = p.len;
+  const int64_t L = short_group ? p.seg_short_len : p.len;
   const int phase = kPhaseShift ? vector_phase<T>(s.in, s.ls_in) : 0;
   // A shifted row's first thread and a row's last thread hold partial runs: vector accesses there
   // too where one load per step would cost most (16 or 32 per operand and thread); not in the
