@@ -161,7 +161,7 @@ def test_config_prefixes():
 
 def test_config_names():
     """The names are stable (the tuned cache stores them): CPU, Triton and every CUDA table."""
-    triton = ["triton.t2048", "triton.t1024", "triton.t4096", "triton.t8192"] if HAS_TRITON else []
+    triton = ["triton.t2048", "triton.t1024", "triton.t4096", "triton.t8192", "triton.t4096.lookback"] if HAS_TRITON else []
     assert torch_linrec.config_names("cpu") == ["cpu.g16"] + triton
     assert torch_linrec.config_names("cpu", torch.bfloat16, backend="native") == ["cpu.g16"]
     assert torch_linrec.config_names("cpu", backend="triton") == triton

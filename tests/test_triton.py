@@ -44,12 +44,13 @@ def _ref_with_grads(x, c, h0, dim, reverse, grad_y):
     return y.detach(), [t.grad if t is not None else None for t in leaves]
 
 
-def _check(x, c, h0=None, dim=-1, reverse=False, grad=True):
-    """Runs the Triton op (and its backward) on the given tensors and compares with the reference."""
+def _check(x, c, h0=None, dim=-1, reverse=False, grad=True, config=None):
+    """Runs the Triton op (and its backward) on the given tensors and compares with the reference
+    (``config``: the forward's and the backward's; None: the default)."""
     tol = TOL[x.dtype]
     # detach() keeps the exact strides of the views under test (transposed, sliced, expanded)
     args = [t.detach().requires_grad_(grad) if t is not None else None for t in (x, c, h0)]
-    y = torch.ops.linrec.scan_triton(args[0], args[1], args[2], dim, reverse)
+    y = torch.ops.linrec.scan_triton(args[0], args[1], args[2], dim, reverse, config, config)
     assert y.shape == x.shape and y.dtype == x.dtype and y.stride() == torch.empty_like(x).stride()
     assert not torch.isnan(y).any()
     grad_y = _make(x.shape, x.dtype, seed=7)
@@ -116,6 +117,27 @@ def test_views(tiles, reverse):
     _check(_make((2, 3, 11, 5)), _coeffs((2, 3, 11, 5)), _make((2, 3, 5)), 2, reverse)  # (B, H, L, D)
     _check(_make((2, 3, 10, 4))[:, :, ::2], _coeffs((2, 3, 5, 4)), None, 1, reverse)  # 3 batch axes
     _check(_make((4, 6, 3)), _coeffs((4, 6, 3)), _make((4, 6)), -1, reverse)  # dim=-1 of 3-D
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("tile", [16, 4096])
+def test_look_back(monkeypatch, tile, reverse):
+    """``triton.t4096.lookback``: sequence-layout rows cut into tiles, one program each, chained by
+    look-back (16-step tiles: up to 7 per row; 4096, the shipped size, on the GPU only); rows of one
+    tile, a partial last tile, initial given and broadcast, broadcast coeffs, a transposed view,
+    bf16; the channel layout falls back to the walking kernel. Forward and backward."""
+    if tile == 16:
+        monkeypatch.setitem(torch_linrec.linrec.triton.ops.CONFIGS, "triton.t4096.lookback", (16, 16, True))
+    elif DEVICE != "cuda":
+        pytest.skip("4096-step tiles: too slow for the interpreter")
+    name, n = "triton.t4096.lookback", 7 * tile + 3
+    for rows, length in ((3, n), (1, n), (5, 16), (2, 1)):
+        _check(_make((rows, length)), _coeffs((rows, length)), None, -1, reverse, config=name)
+    _check(_make((3, n)), _coeffs((3, n)), _make((3,), seed=3), -1, reverse, config=name)
+    _check(_make((2, 3, n)), _coeffs((n,)), _make((1, 3), seed=3), -1, reverse, config=name)
+    _check(_make((2, n, 3)).transpose(1, 2), _coeffs((2, 3, n)), None, -1, reverse, config=name)
+    _check(_make((2, n), torch.bfloat16), _coeffs((2, n), torch.bfloat16), None, -1, reverse, config=name)
+    _check(_make((2, 9, 40)), _coeffs((2, 9, 40)), None, 1, reverse, config=name)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -221,7 +243,8 @@ def test_tuner_times_the_calls_auto_makes():
 
 
 @pytest.mark.parametrize("case,configs", [("seq", ()), ("chan", ("triton.t1024", "triton.t4096")),
-                                          ("broadcast", ("triton", "native"))])
+                                          ("broadcast", ("triton", "native")),
+                                          ("seq", ("triton.t4096.lookback", "triton.t4096.lookback"))])
 def test_opcheck(case, configs):
     """torch.library.opcheck on both ops (schema, fake, autograd registration, AOT dispatch), with and
     without config arguments (a native backward_config runs the native backward op under autograd)."""

@@ -162,10 +162,10 @@ def linrec_fwd_chan_kernel(
 
 
 @triton.jit
-def _bwd_tile(p_dy, p_c, p_y, p_dx, p_dc, b_h0, b_g, o_l, m, L, sdy_l, sc_l, sy_l, sdx_l, sdc_l,
-              AXIS: tl.constexpr, BLOCK: tl.constexpr, HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr,
-              REV_SCAN: tl.constexpr):
-    """One backward tile at positions ``o_l`` (mask ``m``): stores dx and dc, returns the new carry.
+def _bwd_scan(p_dy, p_c, p_y, b_h0, o_l, m, L, sdy_l, sc_l, sy_l, AXIS: tl.constexpr, HAS_INIT: tl.constexpr,
+              WALK_BACK: tl.constexpr, REV_SCAN: tl.constexpr):
+    """One backward tile's loads and scan at positions ``o_l`` (mask ``m``): ``(A, B, y after each
+    step)``, with ``dx = A * carry + B`` for the carry entering the tile.
 
     ``REV_SCAN``: the positions ascend against the walk (sequence layout), so scan in reverse.
     """
@@ -180,6 +180,16 @@ def _bwd_tile(p_dy, p_c, p_y, p_dx, p_dc, b_h0, b_g, o_l, m, L, sdy_l, sc_l, sy_
     if HAS_INIT:
         b_yn = tl.where(m_next, b_yn, b_h0)
     b_a, b_b = tl.associative_scan((b_a, b_b), axis=AXIS, combine_fn=_combine, reverse=REV_SCAN)
+    return b_a, b_b, b_yn
+
+
+@triton.jit
+def _bwd_tile(p_dy, p_c, p_y, p_dx, p_dc, b_h0, b_g, o_l, m, L, sdy_l, sc_l, sy_l, sdx_l, sdc_l,
+              AXIS: tl.constexpr, BLOCK: tl.constexpr, HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr,
+              REV_SCAN: tl.constexpr):
+    """One backward tile at positions ``o_l`` (mask ``m``): stores dx and dc, returns the new carry."""
+    b_a, b_b, b_yn = _bwd_scan(p_dy, p_c, p_y, b_h0, o_l, m, L, sdy_l, sc_l, sy_l, AXIS, HAS_INIT, WALK_BACK,
+                               REV_SCAN)
     if AXIS == 0:
         b_dx = b_a * b_g[None, :] + b_b
     else:
@@ -259,3 +269,119 @@ def linrec_bwd_chan_kernel(
         o_first = tl.cast(L - 1, tl.int64)
     b_c0 = tl.load(c + i_o * sc_o + o_d * sc_i + o_first * sc_l, mask=m_d, other=0.).to(tl.float32)
     tl.store(dh0 + i_o * sdh_o + o_d * sdh_i, (b_c0 * b_g).to(dh0.dtype.element_ty), mask=m_d)
+
+
+# Few long sequences (sequence layout): one program per tile, the tiles of a sequence chained by a
+# decoupled look-back (the CUDA tile kernel's, scan_common.cuh). A program takes its tile from a
+# ticket counter in the order programs start, tile-major (every sequence's tile k before any tile
+# k + 1), so the predecessors it waits for have started. Status per (tile, sequence) entry e:
+# ``flag[e]`` 0 (nothing yet), 1 (aggregate ``agg[3e], agg[3e + 1]`` published) or 2 (the state
+# after the tile, ``agg[3e + 2]``, published).
+@triton.jit
+def _last1(b, BLOCK: tl.constexpr, FIRST: tl.constexpr):
+    """Element 0 (``FIRST``) or ``BLOCK - 1`` of the 1-D tile ``b``, as a scalar."""
+    if FIRST:
+        o_sel = tl.arange(0, BLOCK) == 0
+    else:
+        o_sel = tl.arange(0, BLOCK) == BLOCK - 1
+    return tl.reduce(tl.where(o_sel, b, 0.), 0, _add)
+
+
+@triton.jit
+def _ticket(counter, N):
+    """This program's ``(tile in walk order, sequence)``, tile-major in the order programs start."""
+    t = tl.atomic_add(counter, 1).to(tl.int64)
+    return t // N, t % N
+
+
+@triton.jit
+def _chain(flag, agg, i_t, i_n, N, a_t, b_t, h_first):
+    """The state entering tile ``i_t`` of sequence ``i_n`` (``h_first`` for the first), given the
+    tile's own map ``h -> a_t h + b_t``; publishes the tile's aggregate, then its state after."""
+    e = i_t * N + i_n
+    h = h_first
+    if i_t > 0:
+        tl.store(agg + 3 * e, a_t)
+        tl.store(agg + 3 * e + 1, b_t)
+        tl.atomic_xchg(flag + e, 1, sem="release")
+        p = h_first * 0. + 1.  # state entering the tile = p * (state after predecessor k) + q
+        q = h_first * 0.
+        k = e - N
+        done = 0
+        while done == 0:
+            f = tl.atomic_add(flag + k, 0, sem="acquire")
+            while f == 0:
+                f = tl.atomic_add(flag + k, 0, sem="acquire")
+            if f == 2:
+                q = p * tl.load(agg + 3 * k + 2, cache_modifier=".cg") + q
+                done = 1
+            else:
+                q = p * tl.load(agg + 3 * k + 1, cache_modifier=".cg") + q
+                p = p * tl.load(agg + 3 * k, cache_modifier=".cg")
+                k = k - N
+        h = q
+    tl.store(agg + 3 * e + 2, a_t * h + b_t)
+    tl.atomic_xchg(flag + e, 2, sem="release")
+    return h
+
+
+@triton.jit
+def linrec_fwd_seq_lb_kernel(
+    x, c, h0, y, flag, agg, counter,
+    N, L, NI,
+    sx_o, sx_l, sx_i, sc_o, sc_l, sc_i, sh_o, sh_i, sy_o, sy_l, sy_i,
+    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    """Forward scan, sequence layout, one tile per program chained by look-back.
+
+    Grid: ``(N * cdiv(L, BLOCK_L),)``; ``flag`` and ``counter`` zeroed.
+    """
+    i_t, i_n = _ticket(counter, N)
+    i_o, i_i = i_n // NI, i_n % NI
+    n_t = (L + BLOCK_L - 1) // BLOCK_L
+    o_l = _tile(i_t, n_t, BLOCK_L, WALK_BACK)
+    m = o_l < L
+    b_c = tl.load(c + i_o * sc_o + i_i * sc_i + o_l * sc_l, mask=m, other=1.).to(tl.float32)
+    b_x = tl.load(x + i_o * sx_o + i_i * sx_i + o_l * sx_l, mask=m, other=0.).to(tl.float32)
+    b_a, b_b = tl.associative_scan((b_c, b_x), axis=0, combine_fn=_combine, reverse=WALK_BACK)
+    a_t = _last1(b_a, BLOCK_L, WALK_BACK)
+    h_first = a_t * 0.
+    if HAS_INIT:
+        h_first += tl.load(h0 + i_o * sh_o + i_i * sh_i).to(tl.float32)
+    b_h = _chain(flag, agg, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), h_first)
+    tl.store(y + i_o * sy_o + i_i * sy_i + o_l * sy_l, (b_a * b_h + b_b).to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def linrec_bwd_seq_lb_kernel(
+    dy, c, y, h0, dx, dc, dh0, flag, agg, counter,
+    N, L, NI,
+    sdy_o, sdy_l, sdy_i, sc_o, sc_l, sc_i, sy_o, sy_l, sy_i, sh_o, sh_i,
+    sdx_o, sdx_l, sdx_i, sdc_o, sdc_l, sdc_i, sdh_o, sdh_i,
+    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    """Fused backward, sequence layout, one tile per program chained by look-back (``WALK_BACK`` is
+    ``not reverse``); grid and workspace as the forward's."""
+    i_t, i_n = _ticket(counter, N)
+    i_o, i_i = i_n // NI, i_n % NI
+    n_t = (L + BLOCK_L - 1) // BLOCK_L
+    o_l = _tile(i_t, n_t, BLOCK_L, WALK_BACK)
+    b_h0 = 0.
+    if HAS_INIT:
+        b_h0 = tl.load(h0 + i_o * sh_o + i_i * sh_i).to(tl.float32)
+    b_a, b_b, b_yn = _bwd_scan(dy + i_o * sdy_o + i_i * sdy_i, c + i_o * sc_o + i_i * sc_i,
+                               y + i_o * sy_o + i_i * sy_i, b_h0, o_l, o_l < L, L, sdy_l, sc_l, sy_l, 0, HAS_INIT,
+                               WALK_BACK, WALK_BACK)
+    a_t = _last1(b_a, BLOCK_L, WALK_BACK)
+    b_g = _chain(flag, agg, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), a_t * 0.)
+    b_dx = b_a * b_g + b_b
+    m = o_l < L
+    tl.store(dx + i_o * sdx_o + i_i * sdx_i + o_l * sdx_l, b_dx.to(dx.dtype.element_ty), mask=m)
+    tl.store(dc + i_o * sdc_o + i_i * sdc_i + o_l * sdc_l, (b_dx * b_yn).to(dc.dtype.element_ty), mask=m)
+    if i_t == n_t - 1:  # the walk's last tile: grad_initial
+        if WALK_BACK:
+            o_first = 0
+        else:
+            o_first = tl.cast(L - 1, tl.int64)
+        b_c0 = tl.load(c + i_o * sc_o + i_i * sc_i + o_first * sc_l).to(tl.float32)
+        tl.store(dh0 + i_o * sdh_o + i_i * sdh_i, (b_c0 * _last1(b_dx, BLOCK_L, WALK_BACK)).to(dh0.dtype.element_ty))

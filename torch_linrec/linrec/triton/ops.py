@@ -26,7 +26,8 @@ from ..checks import batch_shape, check_scan_args, check_scan_backward_args
 from ..functorch import register_functorch
 from ..layout import coalesce_batch_dims
 from . import kernels
-from .kernels import linrec_bwd_chan_kernel, linrec_bwd_seq_kernel, linrec_fwd_chan_kernel, linrec_fwd_seq_kernel
+from .kernels import (linrec_bwd_chan_kernel, linrec_bwd_seq_kernel, linrec_bwd_seq_lb_kernel, linrec_fwd_chan_kernel,
+                      linrec_fwd_seq_kernel, linrec_fwd_seq_lb_kernel)
 
 __all__ = ["scan_triton", "scan_backward_triton", "CONFIGS", "DEFAULT_CONFIG", "config_names"]
 
@@ -45,11 +46,15 @@ __all__ = ["scan_triton", "scan_backward_triton", "CONFIGS", "DEFAULT_CONFIG", "
 # and operand): mid-length rows at a few per SM, where the one-program-per-row walk of 4096-step
 # tiles had too few bytes in flight (bf16 600 x 8000 on the H200: 0.80 of torch.add against the
 # native default's 0.65; bench/NOTES.md item 75).
-CONFIGS = {  # name -> (TILE, LONG_TILE); the first is the default
+# t4096.lookback: the sequence layout's rows cut into tiles of up to 4096 steps, one program per tile,
+# the tiles of a row chained by a decoupled look-back (kernels.py `_chain`), for few long rows where
+# one program per row leaves most SMs idle; the channel layout as t4096.
+CONFIGS = {  # name -> (TILE, LONG_TILE[, LOOK_BACK]); the first is the default
     "triton.t2048": (2048, 4096),
     "triton.t1024": (1024, 2048),
     "triton.t4096": (4096, 4096),
     "triton.t8192": (8192, 8192),
+    "triton.t4096.lookback": (4096, 4096, True),
 }
 DEFAULT_CONFIG = "triton.t2048"
 
@@ -93,7 +98,7 @@ def _num_warps(tile: int) -> int:
 
 def _seq_meta(n: int, length: int, tiles: tuple[int, int], num_sms: int) -> dict:
     """Meta-parameters of the sequence kernels for ``n`` sequences of length ``length``."""
-    tile, long_tile = tiles
+    tile, long_tile = tiles[:2]
     cap = tile if n >= num_sms else long_tile
     block_l = max(16, min(cap, _next_pow2(length)))
     block_n = max(1, min(_next_pow2(n), tile // block_l))
@@ -112,6 +117,20 @@ def _chan_meta(n_outer: int, n_inner: int, length: int, tiles: tuple[int, int], 
     return {"BLOCK_T": block_t, "BLOCK_D": block_d, "num_warps": _num_warps(block_t * block_d)}
 
 
+def _look_back(tiles: tuple) -> bool:
+    """Whether a config's sequence-layout tiles are chained by look-back (``CONFIGS``' third field)."""
+    return len(tiles) > 2 and bool(tiles[2])
+
+
+def _look_back_launch(n: int, length: int, tiles: tuple, device: torch.device):
+    """Grid, meta-parameters and zeroed workspace ``(flag, agg, counter)`` of the look-back kernels."""
+    block_l = max(16, min(tiles[1], _next_pow2(length)))
+    entries = n * _cdiv(length, block_l)
+    ws = torch.zeros(4 * entries + 1, dtype=torch.int32, device=device)  # flags, 3 floats per entry, counter
+    workspace = (ws[:entries], ws[entries:4 * entries].view(torch.float32), ws[4 * entries:])
+    return (entries,), {"BLOCK_L": block_l, "num_warps": _num_warps(block_l)}, workspace
+
+
 def _interpret_requested() -> bool:
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
@@ -127,12 +146,14 @@ def _sync_interpret_mode() -> None:
     before tests/test_triton.py sets the flag).
     """
     global kernels, linrec_fwd_seq_kernel, linrec_fwd_chan_kernel, linrec_bwd_seq_kernel, linrec_bwd_chan_kernel
+    global linrec_fwd_seq_lb_kernel, linrec_bwd_seq_lb_kernel
     interpreted = not isinstance(linrec_fwd_seq_kernel, JITFunction)
     if interpreted == _interpret_requested():
         return
     kernels = importlib.reload(kernels)
     linrec_fwd_seq_kernel, linrec_fwd_chan_kernel = kernels.linrec_fwd_seq_kernel, kernels.linrec_fwd_chan_kernel
     linrec_bwd_seq_kernel, linrec_bwd_chan_kernel = kernels.linrec_bwd_seq_kernel, kernels.linrec_bwd_chan_kernel
+    linrec_fwd_seq_lb_kernel, linrec_bwd_seq_lb_kernel = kernels.linrec_fwd_seq_lb_kernel, kernels.linrec_bwd_seq_lb_kernel
 
 
 class _InterpretedLaunch:
@@ -205,6 +226,10 @@ def _launch_forward(y: torch.Tensor, x: torch.Tensor, c: torch.Tensor, h0, d: in
         grid = (n_outer * _cdiv(n_inner, meta["BLOCK_D"]),)
         wrap_triton(linrec_fwd_chan_kernel)[grid](*ptrs, n_outer, length, n_inner, *sx, *sc, *sh, *sy,
                                                    **flags, **meta)
+    elif _look_back(tiles):
+        grid, meta, ws = _look_back_launch(n_outer * n_inner, length, tiles, y.device)
+        wrap_triton(linrec_fwd_seq_lb_kernel)[grid](*ptrs, *ws, n_outer * n_inner, length, n_inner, *sx, *sc, *sh,
+                                                     *sy, **flags, **meta)
     else:
         meta = _seq_meta(n_outer * n_inner, length, tiles, _num_sms(y.device))
         grid = (_cdiv(n_outer * n_inner, meta["BLOCK_N"]),)
@@ -232,6 +257,10 @@ def _launch_backward(outs: tuple, dy: torch.Tensor, c: torch.Tensor, y: torch.Te
         meta = _chan_meta(n_outer, n_inner, length, tiles, _num_sms(y.device))
         grid = (n_outer * _cdiv(n_inner, meta["BLOCK_D"]),)
         wrap_triton(linrec_bwd_chan_kernel)[grid](*ptrs, n_outer, length, n_inner, *st, **flags, **meta)
+    elif _look_back(tiles):
+        grid, meta, ws = _look_back_launch(n_outer * n_inner, length, tiles, y.device)
+        wrap_triton(linrec_bwd_seq_lb_kernel)[grid](*ptrs, *ws, n_outer * n_inner, length, n_inner, *st, **flags,
+                                                     **meta)
     else:
         meta = _seq_meta(n_outer * n_inner, length, tiles, _num_sms(y.device))
         grid = (_cdiv(n_outer * n_inner, meta["BLOCK_N"]),)
