@@ -140,6 +140,44 @@ def test_look_back(monkeypatch, tile, reverse):
     _check(_make((2, 9, 40)), _coeffs((2, 9, 40)), None, 1, reverse, config=name)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("where", ["x", "coeffs", "initial", "grad_y"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_look_back_causal(monkeypatch, reverse, where, bad):
+    """``triton.t4096.lookback`` (16-step tiles): a NaN/Inf at step 17 (in the second tile) leaves the
+    steps before it as in a clean run, bit for bit, and reaches the step itself; in the backward, one
+    in grad_y reaches grad_x only at and before it (against the walk: after, when reverse). A
+    non-finite ``initial`` leaves grad_x as clean."""
+    monkeypatch.setitem(torch_linrec.linrec.triton.ops.CONFIGS, "triton.t4096.lookback", (16, 16, True))
+    name, length, step = "triton.t4096.lookback", 37, 17
+    x, c, h0 = _make((3, length)), _coeffs((3, length)), _make((3,), seed=3)
+    xb, cb, hb = x.clone(), c.clone(), h0.clone()
+    if where == "x":
+        xb[:, step] = bad
+    elif where == "coeffs":
+        cb[:, step] = bad
+    elif where == "initial":
+        hb[:] = bad
+    before = slice(0, step) if not reverse else slice(step + 1, length)
+    after = slice(step + 1, length) if not reverse else slice(0, step)
+    y, clean = (torch.ops.linrec.scan_triton(a, b, h, -1, reverse, name, name) for a, b, h in ((xb, cb, hb), (x, c, h0)))
+    if where in ("x", "coeffs"):
+        assert torch.equal(y[:, before], clean[:, before])
+        if where == "x" or bad != bad:  # an infinite coefficient times a finite state may stay finite
+            assert not torch.isfinite(y[:, step]).any()
+    gy = torch.ones_like(y)
+    if where == "grad_y":
+        gy[:, step] = bad
+    gx, _, _ = torch.ops.linrec.scan_backward_triton(gy, c, clean, h0 if where != "initial" else hb, -1, reverse,
+                                                     name)
+    gx_clean, _, _ = torch.ops.linrec.scan_backward_triton(torch.ones_like(y), c, clean, h0, -1, reverse, name)
+    if where == "grad_y":
+        assert torch.equal(gx[:, after], gx_clean[:, after])
+        assert not torch.isfinite(gx[:, step]).any()
+    elif where == "initial":
+        assert torch.equal(gx, gx_clean)
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 def test_broadcast(reverse):
     """coeffs of shape (D,), (B, 1, D), (1,) and expanded; initial broadcast; stride-0 grad_y."""

@@ -120,7 +120,7 @@ def linrec_fwd_seq_kernel(
         b_h = tl.load(h0 + i_o * sh_o + i_i * sh_i, mask=m_n, other=0.).to(tl.float32)
     else:
         b_h = tl.full([BLOCK_N], 0., tl.float32)
-    n_t = (L + BLOCK_L - 1) // BLOCK_L
+    n_t = (L - 1) // BLOCK_L + 1  # (L >= 1; no overflow near 2^31)
     for i_t in range(0, n_t):
         o_l = _tile(i_t, n_t, BLOCK_L, WALK_BACK)[None, :]
         m = m_n[:, None] & (o_l < L)
@@ -149,7 +149,7 @@ def linrec_fwd_chan_kernel(
         b_h = tl.load(h0 + i_o * sh_o + o_d * sh_i, mask=m_d, other=0.).to(tl.float32)
     else:
         b_h = tl.full([BLOCK_D], 0., tl.float32)
-    n_t = (L + BLOCK_T - 1) // BLOCK_T
+    n_t = (L - 1) // BLOCK_T + 1  # (L >= 1; no overflow near 2^31)
     for i_t in range(0, n_t):
         o_l = _walk(i_t, n_t, BLOCK_T, WALK_BACK)[:, None]
         m = (o_l < L) & m_d[None, :]
@@ -222,7 +222,7 @@ def linrec_bwd_seq_kernel(
     if HAS_INIT:
         b_h0 = tl.load(h0 + i_o * sh_o + i_i * sh_i, mask=m_n, other=0.).to(tl.float32)[:, None]
     b_g = tl.full([BLOCK_N], 0., tl.float32)
-    n_t = (L + BLOCK_L - 1) // BLOCK_L
+    n_t = (L - 1) // BLOCK_L + 1  # (L >= 1; no overflow near 2^31)
     for i_t in range(0, n_t):
         o_l = _tile(i_t, n_t, BLOCK_L, WALK_BACK)[None, :]
         b_g = _bwd_tile(p_dy, p_c, p_y, p_dx, p_dc, b_h0, b_g, o_l, m_n[:, None] & (o_l < L), L,
@@ -258,7 +258,7 @@ def linrec_bwd_chan_kernel(
     if HAS_INIT:
         b_h0 = tl.load(h0 + i_o * sh_o + o_d * sh_i, mask=m_d, other=0.).to(tl.float32)[None, :]
     b_g = tl.full([BLOCK_D], 0., tl.float32)
-    n_t = (L + BLOCK_T - 1) // BLOCK_T
+    n_t = (L - 1) // BLOCK_T + 1  # (L >= 1; no overflow near 2^31)
     for i_t in range(0, n_t):
         o_l = _walk(i_t, n_t, BLOCK_T, WALK_BACK)[:, None]
         b_g = _bwd_tile(p_dy, p_c, p_y, p_dx, p_dc, b_h0, b_g, o_l, (o_l < L) & m_d[None, :], L,
@@ -304,8 +304,10 @@ def _chain(flag, agg, i_t, i_n, N, a_t, b_t, h_first):
         tl.store(agg + 3 * e, a_t)
         tl.store(agg + 3 * e + 1, b_t)
         tl.atomic_xchg(flag + e, 1, sem="release")
-        p = h_first * 0. + 1.  # state entering the tile = p * (state after predecessor k) + q
-        q = h_first * 0.
+        # state entering the tile = p * (state after predecessor k) + q (constants, not products of
+        # the tile's values: a non-finite coefficient must not reach the steps before it)
+        p = tl.full([], 1., tl.float32)
+        q = tl.full([], 0., tl.float32)
         k = e - N
         done = 0
         while done == 0:
@@ -338,14 +340,14 @@ def linrec_fwd_seq_lb_kernel(
     """
     i_t, i_n = _ticket(counter, N)
     i_o, i_i = i_n // NI, i_n % NI
-    n_t = (L + BLOCK_L - 1) // BLOCK_L
+    n_t = (L - 1) // BLOCK_L + 1  # (L >= 1; no overflow near 2^31)
     o_l = _tile(i_t, n_t, BLOCK_L, WALK_BACK)
     m = o_l < L
     b_c = tl.load(c + i_o * sc_o + i_i * sc_i + o_l * sc_l, mask=m, other=1.).to(tl.float32)
     b_x = tl.load(x + i_o * sx_o + i_i * sx_i + o_l * sx_l, mask=m, other=0.).to(tl.float32)
     b_a, b_b = tl.associative_scan((b_c, b_x), axis=0, combine_fn=_combine, reverse=WALK_BACK)
     a_t = _last1(b_a, BLOCK_L, WALK_BACK)
-    h_first = a_t * 0.
+    h_first = tl.full([], 0., tl.float32)
     if HAS_INIT:
         h_first += tl.load(h0 + i_o * sh_o + i_i * sh_i).to(tl.float32)
     b_h = _chain(flag, agg, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), h_first)
@@ -364,7 +366,7 @@ def linrec_bwd_seq_lb_kernel(
     ``not reverse``); grid and workspace as the forward's."""
     i_t, i_n = _ticket(counter, N)
     i_o, i_i = i_n // NI, i_n % NI
-    n_t = (L + BLOCK_L - 1) // BLOCK_L
+    n_t = (L - 1) // BLOCK_L + 1  # (L >= 1; no overflow near 2^31)
     o_l = _tile(i_t, n_t, BLOCK_L, WALK_BACK)
     b_h0 = 0.
     if HAS_INIT:
@@ -373,7 +375,7 @@ def linrec_bwd_seq_lb_kernel(
                                y + i_o * sy_o + i_i * sy_i, b_h0, o_l, o_l < L, L, sdy_l, sc_l, sy_l, 0, HAS_INIT,
                                WALK_BACK, WALK_BACK)
     a_t = _last1(b_a, BLOCK_L, WALK_BACK)
-    b_g = _chain(flag, agg, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), a_t * 0.)
+    b_g = _chain(flag, agg, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), tl.full([], 0., tl.float32))
     b_dx = b_a * b_g + b_b
     m = o_l < L
     tl.store(dx + i_o * sdx_o + i_i * sdx_i + o_l * sdx_l, b_dx.to(dx.dtype.element_ty), mask=m)
