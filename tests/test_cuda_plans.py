@@ -512,10 +512,11 @@ def test_segmented_rows_default(reverse, dtype):
     grouped: 8 rows of 128 steps, 40 of 37 (3 tiles, the last partial), 1024 of 1, float32's 4 of
     255, 4 of 128, 2-4 of 512 (whole tiles: masked at tile edges only), and on GPUs with fast DRAM
     the 2-byte backward's 2 of 1024; ragged, a last group of fewer rows: float32's 5 of 300, 10 of 100
-    (20 in the backward and for 2-byte types), and groups of 20011 rows of 104 steps): every output,
-    grad_initial of each row included; with `initial` and a sliced view the rows are not grouped."""
+    (20 in the backward and for 2-byte types), groups of 20011 rows of 104 steps, 4223 rows of whole
+    tiles (512) and of tile pairs (1024, the 2-byte backward)): every output, grad_initial of each row
+    included; with `initial` and a sliced view the rows are not grouped."""
     cases = [(8448, 128), (48000, 37), (1081344, 1), (4224, 255), (8000, 128), (131072, 300), (32768, 512),
-             (4224, 1024), (131072, 100), (20011, 104)]
+             (4224, 1024), (131072, 100), (20011, 104), (4223, 512), (4223, 1024)]
     for i, (rows, length) in enumerate(cases):
         x, c = _contiguous_rows(rows, length, dtype, seed=31 + i)
         check_against_cpu_kernel(x, c, None, -1, reverse, dtype, "native", "native")
