@@ -461,10 +461,10 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 
 // The small stream config (configs.h: 128 threads, two stages of 2048 2-byte or 1024 4-byte steps,
 // 24 KB of shared memory in the forward: 8 blocks per SM) for aligned rows of mid length at 2 to 24
-// per SM, on Hopper GPUs whose DRAM gives each SM more than kFastDramGbpsPerSm (measured on the
-// H200 only; the H100 keeps its plans): one wave of these blocks holds every row with its loads in
-// flight, where the defaults' larger stream blocks (2 per SM), look-back tiles or walks leave part
-// of it idle. H200, ratio to torch.add, default -> small stream (bench/NOTES.md item 79):
+// per SM, on Hopper GPUs whose DRAM gives each SM more than kFastDramGbpsPerSm (measured on the H200
+// only; the H100 keeps its plans): one wave of these blocks holds every row with its loads in flight,
+// where the defaults' larger stream blocks (2 per SM), look-back tiles or walks leave part of it idle.
+// H200, ratio to torch.add, default -> small stream (bench/NOTES.md item 79):
 // - forward 4-byte, 2048 < L <= 8192, 2 to 24 rows per SM: float32 1000 x 4608 0.69 -> 0.91, 600 x
 //   8000 0.71 -> 0.88, 300 x 5000 0.64 -> 0.78, 2000 x 6000 0.86 -> 0.92, 528 x 3072 level; at one
 //   or two rows per SM, or longer rows from 16 per SM, it loses (132 x 8192 0.75 -> 0.63); 8192 < L <=
@@ -472,10 +472,9 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 //   level; from 9 per SM level or lower (1500 x 12288 0.92 -> 0.90);
 // - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM (to 8, one wave of them, beyond 12288
 //   steps): bf16 500 x 10000 0.61 -> 0.80, 1056 x 8192 0.69 -> 0.82, 600 x 14000 0.65 -> 0.82, 900 x
-//   24576 0.69 -> 0.89 (item 83), 7-8 per SM since these blocks fit 8 per SM (item 86): 1000 x 14000
-//   0.65-0.69 -> 0.82-0.86, 1056 x 16384 0.80-0.84 -> 0.88-0.91, 1050 x 24576 0.84 -> 0.87-0.90; not
-//   shorter rows (1000 x 3000 0.80 -> 0.61), nor more rows of more than 12288 steps (a second wave:
-//   1100 x 24576 0.75 against 0.86 with 256 threads);
+//   24576 0.69 -> 0.89 (item 83), 7-8 per SM since they fit 8 (item 86: 1000 x 14000 0.65-0.69 ->
+//   0.82-0.86, 1056 x 16384 0.80-0.84 -> 0.88-0.93); not shorter rows (1000 x 3000 0.80 -> 0.61), nor
+//   more rows beyond 12288 steps (a second wave: 1100 x 24576 0.75 against 0.86 with 256 threads);
 //   8192 < L <= 16384 from 9 rows per SM (item 80): 2000 x 10000 0.59 -> 0.78, 2000 x 16384 level;
 // - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk): float32
 //   1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;

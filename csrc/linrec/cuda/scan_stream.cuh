@@ -201,8 +201,8 @@ __device__ __forceinline__ T* out_base(const SeqTensors<T>& s, int slot, int64_t
 
 // Resident blocks per SM the launch bounds ask for: eight of the 2-byte forward's small blocks (at 68
 // registers an SM held seven, and 7-8 rows per SM made a second wave: H200 bf16 1000 x 12000 0.71 ->
-// 0.82-0.85 of torch.add, 1050 x 10000 0.71-0.74 -> 0.85-0.88; at 6-7 rows per SM the 63-register
-// block is slower, bf16 900 x 14000 0.87 -> 0.84, 800 x 16384 0.92 -> 0.88; bench/NOTES.md item 85).
+// 0.82-0.85 of torch.add, 1050 x 10000 0.71-0.74 -> 0.85-0.88; at fewer rows per SM a 68-register
+// build measured level with it, bench/NOTES.md items 85-86).
 template <typename T, int NT, bool kBackward>
 constexpr int stream_min_blocks() {
   return sizeof(T) == 2 && NT == 128 && !kBackward ? 8 : 1;
