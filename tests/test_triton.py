@@ -121,8 +121,18 @@ def test_views(tiles, reverse):
     _check(_make((4, 6, 3)), _coeffs((4, 6, 3)), _make((4, 6)), -1, reverse)  # dim=-1 of 3-D
 
 
+@pytest.fixture
+def nan_filled_nondeterministic(monkeypatch):
+    """Deterministic mode off (it turns the look-back off), ``torch.empty``/``empty_like`` NaN-filled."""
+    torch.use_deterministic_algorithms(False)
+    empty, empty_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: empty_like(*a, **k).fill_(float("nan")))
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("tile", [16, 4096])
+@pytest.mark.usefixtures("nan_filled_nondeterministic")
 def test_look_back(monkeypatch, tile, reverse):
     """``triton.t4096.lookback``: sequence-layout rows cut into tiles, one program each, chained by
     look-back (16-step tiles: up to 7 per row; 4096, the shipped size, on the GPU only); rows of one
@@ -145,6 +155,7 @@ def test_look_back(monkeypatch, tile, reverse):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize("where", ["x", "coeffs", "initial", "grad_y"])
 @pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.usefixtures("nan_filled_nondeterministic")
 def test_look_back_causal(monkeypatch, reverse, where, bad):
     """``triton.t4096.lookback`` (16-step tiles): a NaN/Inf at step 17 (in the second tile) leaves the
     steps before it as in a clean run, bit for bit, and reaches the step itself; in the backward, one
@@ -180,6 +191,80 @@ def test_look_back_causal(monkeypatch, reverse, where, bad):
         assert torch.equal(gx, gx_clean)
 
 
+def test_look_back_deterministic(monkeypatch):
+    """Under deterministic algorithms ``triton.t4096.lookback`` walks (no look-back launch); without,
+    it launches the look-back (the spy can fail)."""
+    ops = torch_linrec.linrec.triton.ops
+
+    def spy(*args):
+        raise AssertionError("look-back launched")
+    monkeypatch.setattr(ops, "_look_back_launch", spy)
+    x, c = _make((2, 40)), _coeffs((2, 40))
+    y = torch.ops.linrec.scan_triton(x, c, None, -1, False, "triton.t4096.lookback", None)
+    torch.testing.assert_close(y.double(), torch_linrec.scan_ref(x.double(), c.double()), **TOL[x.dtype])
+    torch.use_deterministic_algorithms(False)
+    with pytest.raises(AssertionError, match="look-back launched"):
+        torch.ops.linrec.scan_triton(x, c, None, -1, False, "triton.t4096.lookback", None)
+
+
+@pytest.mark.parametrize("rows,tiles", [(1, 1), (1, 2), (3, 5), (1, 32), (2, 33), (1, 70)])
+@pytest.mark.parametrize("known", ["first", "random", "last"])
+def test_look_back_chain(rows, tiles, known):
+    """``kernels._chain`` against a float64 composition, on a status prepared as a running launch
+    leaves it (the interpreter runs programs in order, so a launch there only ever finds its
+    predecessor's state): every earlier tile has published its aggregate, and its state after only
+    for tile 0 (``first``), at random, or for the predecessor (``last``); windows of 32 tiles are
+    composed one after another. The tile's own status words are checked too."""
+    import triton
+    import triton.language as tl
+    global _lb_chain  # a jit function resolves the names it calls among its module's globals
+    torch_linrec.linrec.triton.ops._sync_interpret_mode()
+    _lb_chain = torch_linrec.linrec.triton.ops.kernels._chain
+
+    @triton.jit
+    def chain_kernel(status, out, i_t, i_n, N):  # out: (a_t, b_t, h_first) in, the entering state out
+        tl.store(out, _lb_chain(status, i_t, i_n, N, tl.load(out), tl.load(out + 1), tl.load(out + 2)))
+
+    g = torch.Generator().manual_seed(rows * 1000 + tiles)
+    a = 0.5 + 0.5 * torch.rand(tiles + 1, rows, generator=g, dtype=torch.float64)
+    b = torch.randn(tiles + 1, rows, generator=g, dtype=torch.float64)
+    h_first = torch.randn(rows, generator=g, dtype=torch.float64)
+    a, b, h_first = a.float().double(), b.float().double(), h_first.float().double()  # float32 values
+    states = torch.empty(tiles + 1, rows, dtype=torch.float64)
+    h = h_first
+    for k in range(tiles + 1):
+        h = a[k] * h + b[k]
+        states[k] = h
+    if known == "first":
+        inclusive = torch.zeros(tiles, rows, dtype=torch.bool)
+    elif known == "random":
+        inclusive = torch.rand(tiles, rows, generator=g) < 0.1
+    else:
+        inclusive = torch.zeros(tiles, rows, dtype=torch.bool)
+        inclusive[-1] = True
+    inclusive[0] = True
+
+    def word(flag, v):
+        return (flag << 32) | (torch.tensor(v, dtype=torch.float32).view(torch.int32).item() & 0xFFFFFFFF)
+
+    status = torch.zeros(tiles + 1, rows, 2, dtype=torch.int64)
+    for k in range(tiles):
+        for r in range(rows):
+            if k > 0:
+                status[k, r, 0] = word(1, a[k, r].item())
+            status[k, r, 1] = word(2, states[k, r].item()) if inclusive[k, r] else word(1, b[k, r].item())
+    status = status.to(DEVICE)
+    for r in range(rows):
+        out = torch.tensor([a[tiles, r], b[tiles, r], h_first[r]], dtype=torch.float32, device=DEVICE)
+        chain_kernel[(1,)](status, out, tiles, r, rows)
+        torch.testing.assert_close(out[:1].cpu().double(), states[tiles - 1, r].reshape(1), rtol=1e-5, atol=1e-5)
+        words = status[tiles, r].cpu()
+        assert words[0].item() == word(1, a[tiles, r].item())
+        assert words[1].item() >> 32 == 2
+        after = torch.tensor([words[1].item() & 0xFFFFFFFF], dtype=torch.int64).to(torch.int32).view(torch.float32)
+        torch.testing.assert_close(after.double(), states[tiles, r].reshape(1), rtol=1e-5, atol=1e-5)
+
+
 _COMPILE_SCRIPT = r"""
 import importlib.util, sys
 import triton
@@ -196,9 +281,8 @@ for name in names:
     for elem, init, walk_back in (("fp32", True, True), ("bf16", False, False)):
         consts = {n: meta[n] for n in fn.arg_names if n in meta}
         consts.update(HAS_INIT=init, WALK_BACK=walk_back)
-        signature = {n: "constexpr" if n in flags else "*i32" if n in ("flag", "counter") else
-                     "*fp32" if n == "agg" else "i32" if n in ("N", "L", "NI", "NO") or n.startswith("s") else
-                     f"*{elem}" for n in fn.arg_names}
+        signature = {n: "constexpr" if n in flags else "*i64" if n in ("status", "counter") else
+                     "i32" if n in ("N", "L", "NI", "NO") or n.startswith("s") else f"*{elem}" for n in fn.arg_names}
         compiled = triton.compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": 4})
         assert compiled.asm["cubin"], (name, elem)

@@ -274,9 +274,15 @@ def linrec_bwd_chan_kernel(
 # Few long sequences (sequence layout): one program per tile, the tiles of a sequence chained by a
 # decoupled look-back (the CUDA tile kernel's, scan_common.cuh). A program takes its tile from a
 # ticket counter in the order programs start, tile-major (every sequence's tile k before any tile
-# k + 1), so the predecessors it waits for have started. Status per (tile, sequence) entry e:
-# ``flag[e]`` 0 (nothing yet), 1 (aggregate ``agg[3e], agg[3e + 1]`` published) or 2 (the state
-# after the tile, ``agg[3e + 2]``, published).
+# k + 1), so the predecessors it waits for have started. Status of (tile, sequence) entry e: two
+# int64 words ``status[2e], status[2e + 1]``, each a flag in the high half and a float32 in the low
+# half: flag 1 in both, the tile's aggregate map ``(a, b)``; flag 2 in the second, the state after
+# the tile. A word is read whole, so a flag always comes with its own value (no fences needed).
+# The look-back reads WINDOW predecessors per round trip (one at a time, 1 x 2^26 float32 on the
+# H200 ran at 0.26 of torch.add; bench/NOTES.md item 87).
+_WINDOW = tl.constexpr(32)
+
+
 @triton.jit
 def _last1(b, BLOCK: tl.constexpr, FIRST: tl.constexpr):
     """Element 0 (``FIRST``) or ``BLOCK - 1`` of the 1-D tile ``b``, as a scalar."""
@@ -288,55 +294,90 @@ def _last1(b, BLOCK: tl.constexpr, FIRST: tl.constexpr):
 
 
 @triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def _ticket(counter, N):
     """This program's ``(tile in walk order, sequence)``, tile-major in the order programs start."""
-    t = tl.atomic_add(counter, 1).to(tl.int64)
+    t = tl.atomic_add(counter, 1)
     return t // N, t % N
 
 
 @triton.jit
-def _chain(flag, agg, i_t, i_n, N, a_t, b_t, h_first):
+def _word(FLAG: tl.constexpr, v):
+    """A status word: ``FLAG`` in the high 32 bits, the float32 ``v``'s bits in the low 32."""
+    return (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (FLAG << 32)
+
+
+@triton.jit
+def _waiting(w0, w1):
+    """Whether any entry of a window is unpublished (a flag 0, or a second word's flag 1 whose first
+    word is not yet seen), as an int32 scalar."""
+    f0, f1 = w0 >> 32, w1 >> 32
+    return tl.reduce(((f1 == 0) | ((f1 == 1) & (f0 == 0))).to(tl.int32), 0, _max)
+
+
+@triton.jit
+def _value(w):
+    """The float32 in the low half of status words ``w``."""
+    return (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _chain(status, i_t, i_n, N, a_t, b_t, h_first):
     """The state entering tile ``i_t`` of sequence ``i_n`` (``h_first`` for the first), given the
     tile's own map ``h -> a_t h + b_t``; publishes the tile's aggregate, then its state after."""
     e = i_t * N + i_n
     h = h_first
     if i_t > 0:
-        tl.store(agg + 3 * e, a_t)
-        tl.store(agg + 3 * e + 1, b_t)
-        tl.atomic_xchg(flag + e, 1, sem="release")
-        # state entering the tile = p * (state after predecessor k) + q (constants, not products of
-        # the tile's values: a non-finite coefficient must not reach the steps before it)
+        tl.store(status + 2 * e, _word(1, a_t))
+        tl.store(status + 2 * e + 1, _word(1, b_t))
+        # state entering the tile = p * (state before the window) + q, composed window by window
+        # from the tile's predecessors (not from its own values: a non-finite coefficient must
+        # not reach the steps before it)
         p = tl.full([], 1., tl.float32)
         q = tl.full([], 0., tl.float32)
-        k = e - N
+        o_w = tl.arange(0, _WINDOW)
+        hi = i_t - 1  # the window's last (most recent) tile
         done = 0
         while done == 0:
-            f = tl.atomic_add(flag + k, 0, sem="acquire")
-            while f == 0:
-                f = tl.atomic_add(flag + k, 0, sem="acquire")
-            if f == 2:
-                q = p * tl.load(agg + 3 * k + 2, cache_modifier=".cg") + q
+            j = hi - (_WINDOW - 1) + o_w  # ascending tiles; before the first: read as "state 0"
+            m = j >= 0
+            p_w = status + 2 * (j * N + i_n)
+            w0 = tl.load(p_w, mask=m, other=0, volatile=True)
+            w1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
+            waiting = _waiting(w0, w1)
+            while waiting > 0:  # every entry of the window published (its predecessors have started)
+                w0 = tl.load(p_w, mask=m, other=0, volatile=True)
+                w1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
+                waiting = _waiting(w0, w1)
+            # from the latest tile whose state after is known: that state, then the aggregates after it
+            top = tl.reduce(tl.where((w1 >> 32) == 2, o_w, -1), 0, _max)
+            b_a = tl.where(o_w > top, _value(w0), tl.where(o_w == top, 0., 1.))
+            b_b = tl.where(o_w >= top, _value(w1), 0.)
+            b_a, b_b = tl.associative_scan((b_a, b_b), axis=0, combine_fn=_combine)
+            q = p * _last1(b_b, _WINDOW, False) + q
+            p = p * _last1(b_a, _WINDOW, False)
+            if top >= 0:
                 done = 1
-            else:
-                q = p * tl.load(agg + 3 * k + 1, cache_modifier=".cg") + q
-                p = p * tl.load(agg + 3 * k, cache_modifier=".cg")
-                k = k - N
+            hi -= _WINDOW
         h = q
-    tl.store(agg + 3 * e + 2, a_t * h + b_t)
-    tl.atomic_xchg(flag + e, 2, sem="release")
+    tl.store(status + 2 * e + 1, _word(2, a_t * h + b_t))
     return h
 
 
 @triton.jit
 def linrec_fwd_seq_lb_kernel(
-    x, c, h0, y, flag, agg, counter,
+    x, c, h0, y, status, counter,
     N, L, NI,
     sx_o, sx_l, sx_i, sc_o, sc_l, sc_i, sh_o, sh_i, sy_o, sy_l, sy_i,
     HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """Forward scan, sequence layout, one tile per program chained by look-back.
 
-    Grid: ``(N * cdiv(L, BLOCK_L),)``; ``flag`` and ``counter`` zeroed.
+    Grid: ``(N * cdiv(L, BLOCK_L),)``; ``status`` and ``counter`` zeroed.
     """
     i_t, i_n = _ticket(counter, N)
     i_o, i_i = i_n // NI, i_n % NI
@@ -350,13 +391,13 @@ def linrec_fwd_seq_lb_kernel(
     h_first = tl.full([], 0., tl.float32)
     if HAS_INIT:
         h_first += tl.load(h0 + i_o * sh_o + i_i * sh_i).to(tl.float32)
-    b_h = _chain(flag, agg, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), h_first)
+    b_h = _chain(status, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), h_first)
     tl.store(y + i_o * sy_o + i_i * sy_i + o_l * sy_l, (b_a * b_h + b_b).to(y.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def linrec_bwd_seq_lb_kernel(
-    dy, c, y, h0, dx, dc, dh0, flag, agg, counter,
+    dy, c, y, h0, dx, dc, dh0, status, counter,
     N, L, NI,
     sdy_o, sdy_l, sdy_i, sc_o, sc_l, sc_i, sy_o, sy_l, sy_i, sh_o, sh_i,
     sdx_o, sdx_l, sdx_i, sdc_o, sdc_l, sdc_i, sdh_o, sdh_i,
@@ -375,7 +416,7 @@ def linrec_bwd_seq_lb_kernel(
                                y + i_o * sy_o + i_i * sy_i, b_h0, o_l, o_l < L, L, sdy_l, sc_l, sy_l, 0, HAS_INIT,
                                WALK_BACK, WALK_BACK)
     a_t = _last1(b_a, BLOCK_L, WALK_BACK)
-    b_g = _chain(flag, agg, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), tl.full([], 0., tl.float32))
+    b_g = _chain(status, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), tl.full([], 0., tl.float32))
     b_dx = b_a * b_g + b_b
     m = o_l < L
     tl.store(dx + i_o * sdx_o + i_i * sdx_i + o_l * sdx_l, b_dx.to(dx.dtype.element_ty), mask=m)

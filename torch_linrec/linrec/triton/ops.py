@@ -118,17 +118,18 @@ def _chan_meta(n_outer: int, n_inner: int, length: int, tiles: tuple[int, int], 
 
 
 def _look_back(tiles: tuple) -> bool:
-    """Whether a config's sequence-layout tiles are chained by look-back (``CONFIGS``' third field)."""
-    return len(tiles) > 2 and bool(tiles[2])
+    """Whether a config's sequence-layout tiles are chained by look-back (``CONFIGS``' third field),
+    unless deterministic algorithms are requested: the look-back's association order follows the
+    timing of the tiles (as the native op's look-back plans, which deterministic mode also avoids)."""
+    return len(tiles) > 2 and bool(tiles[2]) and not torch.are_deterministic_algorithms_enabled()
 
 
 def _look_back_launch(n: int, length: int, tiles: tuple, device: torch.device):
-    """Grid, meta-parameters and zeroed workspace ``(flag, agg, counter)`` of the look-back kernels."""
+    """Grid, meta-parameters and zeroed workspace ``(status, counter)`` of the look-back kernels."""
     block_l = max(16, min(tiles[1], _next_pow2(length)))
     entries = n * _cdiv(length, block_l)
-    ws = torch.zeros(4 * entries + 1, dtype=torch.int32, device=device)  # flags, 3 floats per entry, counter
-    workspace = (ws[:entries], ws[entries:4 * entries].view(torch.float32), ws[4 * entries:])
-    return (entries,), {"BLOCK_L": block_l, "num_warps": _num_warps(block_l)}, workspace
+    ws = torch.zeros(2 * entries + 1, dtype=torch.int64, device=device)  # two status words per entry, counter
+    return (entries,), {"BLOCK_L": block_l, "num_warps": _num_warps(block_l)}, (ws[:2 * entries], ws[2 * entries:])
 
 
 def _interpret_requested() -> bool:
