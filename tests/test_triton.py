@@ -173,7 +173,8 @@ def test_look_back_causal(monkeypatch, reverse, where, bad):
         hb[:] = bad
     before = slice(0, step) if not reverse else slice(step + 1, length)
     after = slice(step + 1, length) if not reverse else slice(0, step)
-    y, clean = (torch.ops.linrec.scan_triton(a, b, h, -1, reverse, name, name) for a, b, h in ((xb, cb, hb), (x, c, h0)))
+    y, clean = (torch.ops.linrec.scan_triton(a, b, h, -1, reverse, name, name)
+                for a, b, h in ((xb, cb, hb), (x, c, h0)))
     if where in ("x", "coeffs"):
         assert torch.equal(y[:, before], clean[:, before])
         if where == "x" or bad != bad:  # an infinite coefficient times a finite state may stay finite
@@ -208,13 +209,14 @@ def test_look_back_deterministic(monkeypatch):
 
 
 @pytest.mark.parametrize("rows,tiles", [(1, 1), (1, 2), (3, 5), (1, 32), (2, 33), (1, 70)])
-@pytest.mark.parametrize("known", ["first", "random", "last"])
+@pytest.mark.parametrize("known", ["first", "random", "second_last", "last"])
 def test_look_back_chain(rows, tiles, known):
     """``kernels._chain`` against a float64 composition, on a status prepared as a running launch
     leaves it (the interpreter runs programs in order, so a launch there only ever finds its
     predecessor's state): every earlier tile has published its aggregate, and its state after only
-    for tile 0 (``first``), at random, or for the predecessor (``last``); windows of 32 tiles are
-    composed one after another. The tile's own status words are checked too."""
+    for tile 0 (``first``), at random, for the tile before the predecessor, or for the predecessor
+    (``last``: the one-word path); windows of 32 tiles are composed one after another. The tile's
+    own status words are checked too."""
     import triton
     import triton.language as tl
     global _lb_chain  # a jit function resolves the names it calls among its module's globals
@@ -241,7 +243,7 @@ def test_look_back_chain(rows, tiles, known):
         inclusive = torch.rand(tiles, rows, generator=g) < 0.1
     else:
         inclusive = torch.zeros(tiles, rows, dtype=torch.bool)
-        inclusive[-1] = True
+        inclusive[-1 if known == "last" else max(0, tiles - 2)] = True
     inclusive[0] = True
 
     def word(flag, v):

@@ -334,36 +334,47 @@ def _chain(status, i_t, i_n, N, a_t, b_t, h_first):
     if i_t > 0:
         tl.store(status + 2 * e, _word(1, a_t))
         tl.store(status + 2 * e + 1, _word(1, b_t))
-        # state entering the tile = p * (state before the window) + q, composed window by window
-        # from the tile's predecessors (not from its own values: a non-finite coefficient must
-        # not reach the steps before it)
-        p = tl.full([], 1., tl.float32)
-        q = tl.full([], 0., tl.float32)
-        o_w = tl.arange(0, _WINDOW)
-        hi = i_t - 1  # the window's last (most recent) tile
-        done = 0
-        while done == 0:
-            j = hi - (_WINDOW - 1) + o_w  # ascending tiles; before the first: read as "state 0"
-            m = j >= 0
-            p_w = status + 2 * (j * N + i_n)
-            w0 = tl.load(p_w, mask=m, other=0, volatile=True)
-            w1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
-            waiting = _waiting(w0, w1)
-            while waiting > 0:  # every entry of the window published (its predecessors have started)
+        # the predecessor first (one word: with several sequences its state after is mostly known)
+        k = e - N
+        w1 = tl.load(status + 2 * k + 1, volatile=True)
+        while (w1 >> 32) == 0:
+            w1 = tl.load(status + 2 * k + 1, volatile=True)
+        if (w1 >> 32) == 2:
+            h = _value(w1)
+        else:
+            w0 = tl.load(status + 2 * k, volatile=True)
+            while (w0 >> 32) == 0:
+                w0 = tl.load(status + 2 * k, volatile=True)
+            # state entering the tile = p * (state before the window) + q, composed window by
+            # window from the tile's predecessors (not from its own values: a non-finite
+            # coefficient must not reach the steps before it)
+            p = _value(w0)
+            q = _value(w1)
+            o_w = tl.arange(0, _WINDOW)
+            hi = i_t - 2  # the window's last (most recent) tile
+            done = 0
+            while done == 0:
+                j = hi - (_WINDOW - 1) + o_w  # ascending tiles; before the first: read as "state 0"
+                m = j >= 0
+                p_w = status + 2 * (j * N + i_n)
                 w0 = tl.load(p_w, mask=m, other=0, volatile=True)
                 w1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
                 waiting = _waiting(w0, w1)
-            # from the latest tile whose state after is known: that state, then the aggregates after it
-            top = tl.reduce(tl.where((w1 >> 32) == 2, o_w, -1), 0, _max)
-            b_a = tl.where(o_w > top, _value(w0), tl.where(o_w == top, 0., 1.))
-            b_b = tl.where(o_w >= top, _value(w1), 0.)
-            b_a, b_b = tl.associative_scan((b_a, b_b), axis=0, combine_fn=_combine)
-            q = p * _last1(b_b, _WINDOW, False) + q
-            p = p * _last1(b_a, _WINDOW, False)
-            if top >= 0:
-                done = 1
-            hi -= _WINDOW
-        h = q
+                while waiting > 0:  # until every entry is published (its tile has started)
+                    w0 = tl.load(p_w, mask=m, other=0, volatile=True)
+                    w1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
+                    waiting = _waiting(w0, w1)
+                # the latest tile whose state after is known: that state, then the aggregates after it
+                top = tl.reduce(tl.where((w1 >> 32) == 2, o_w, -1), 0, _max)
+                b_a = tl.where(o_w > top, _value(w0), tl.where(o_w == top, 0., 1.))
+                b_b = tl.where(o_w >= top, _value(w1), 0.)
+                b_a, b_b = tl.associative_scan((b_a, b_b), axis=0, combine_fn=_combine)
+                q = p * _last1(b_b, _WINDOW, False) + q
+                p = p * _last1(b_a, _WINDOW, False)
+                if top >= 0:
+                    done = 1
+                hi -= _WINDOW
+            h = q
     tl.store(status + 2 * e + 1, _word(2, a_t * h + b_t))
     return h
 
