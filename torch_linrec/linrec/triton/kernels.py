@@ -357,17 +357,17 @@ def _chain(status, i_t, i_n, N, a_t, b_t, h_first):
                 j = hi - (_WINDOW - 1) + o_w  # ascending tiles; before the first: read as "state 0"
                 m = j >= 0
                 p_w = status + 2 * (j * N + i_n)
-                w0 = tl.load(p_w, mask=m, other=0, volatile=True)
-                w1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
-                waiting = _waiting(w0, w1)
+                v0 = tl.load(p_w, mask=m, other=0, volatile=True)
+                v1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
+                waiting = _waiting(v0, v1)
                 while waiting > 0:  # until every entry is published (its tile has started)
-                    w0 = tl.load(p_w, mask=m, other=0, volatile=True)
-                    w1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
-                    waiting = _waiting(w0, w1)
+                    v0 = tl.load(p_w, mask=m, other=0, volatile=True)
+                    v1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
+                    waiting = _waiting(v0, v1)
                 # the latest tile whose state after is known: that state, then the aggregates after it
-                top = tl.reduce(tl.where((w1 >> 32) == 2, o_w, -1), 0, _max)
-                b_a = tl.where(o_w > top, _value(w0), tl.where(o_w == top, 0., 1.))
-                b_b = tl.where(o_w >= top, _value(w1), 0.)
+                top = tl.reduce(tl.where((v1 >> 32) == 2, o_w, -1), 0, _max)
+                b_a = tl.where(o_w > top, _value(v0), tl.where(o_w == top, 0., 1.))
+                b_b = tl.where(o_w >= top, _value(v1), 0.)
                 b_a, b_b = tl.associative_scan((b_a, b_b), axis=0, combine_fn=_combine)
                 q = p * _last1(b_b, _WINDOW, False) + q
                 p = p * _last1(b_a, _WINDOW, False)
