@@ -208,15 +208,29 @@ def test_look_back_deterministic(monkeypatch):
         torch.ops.linrec.scan_triton(x, c, None, -1, False, "triton.t4096.lookback", None)
 
 
+def test_look_back_rule():
+    """Where the configs chain tiles by look-back: ``t4096.lookback`` always; the others for rows
+    longer than LONG_TILE, fewer than the SMs; none under deterministic algorithms."""
+    ops = torch_linrec.linrec.triton.ops
+    default, forced = ops.CONFIGS[ops.DEFAULT_CONFIG], ops.CONFIGS["triton.t4096.lookback"]
+    assert not ops._look_back(forced, 4096, 100, 132) and not ops._look_back(default, 16, 1 << 20, 132)
+    torch.use_deterministic_algorithms(False)  # on in every test (the autouse fixture)
+    assert ops._look_back(default, 16, default[1] + 1, 132) and ops._look_back(default, 131, 1 << 20, 132)
+    assert not ops._look_back(default, 132, 1 << 20, 132) and not ops._look_back(default, 16, default[1], 132)
+    assert ops._look_back(forced, 4096, 100, 132) and not ops._look_back(default, 4, 1 << 20, 1)
+
+
 @pytest.mark.parametrize("rows,tiles", [(1, 1), (1, 2), (3, 5), (1, 32), (2, 33), (1, 70)])
 @pytest.mark.parametrize("known", ["first", "random", "second_last", "last"])
-def test_look_back_chain(rows, tiles, known):
+@pytest.mark.parametrize("hops", [0, 2, 100])
+def test_look_back_chain(rows, tiles, known, hops):
     """``kernels._chain`` against a float64 composition, on a status prepared as a running launch
     leaves it (the interpreter runs programs in order, so a launch there only ever finds its
     predecessor's state): every earlier tile has published its aggregate, and its state after only
     for tile 0 (``first``), at random, for the tile before the predecessor, or for the predecessor
     (``last``: the one-word path); windows of 32 tiles are composed one after another. The tile's
-    own status words are checked too."""
+    own status words are checked too. ``hops``: predecessors read one at a time first (0: windows
+    only, 100: never a window)."""
     import triton
     import triton.language as tl
     global _lb_chain  # a jit function resolves the names it calls among its module's globals
@@ -224,8 +238,8 @@ def test_look_back_chain(rows, tiles, known):
     _lb_chain = torch_linrec.linrec.triton.ops.kernels._chain
 
     @triton.jit
-    def chain_kernel(status, out, i_t, i_n, N):  # out: (a_t, b_t, h_first) in, the entering state out
-        tl.store(out, _lb_chain(status, i_t, i_n, N, tl.load(out), tl.load(out + 1), tl.load(out + 2)))
+    def chain_kernel(status, out, i_t, i_n, N, HOPS: tl.constexpr):  # out: (a_t, b_t, h_first) in, state out
+        tl.store(out, _lb_chain(status, i_t, i_n, N, tl.load(out), tl.load(out + 1), tl.load(out + 2), HOPS))
 
     g = torch.Generator().manual_seed(rows * 1000 + tiles)
     a = 0.5 + 0.5 * torch.rand(tiles + 1, rows, generator=g, dtype=torch.float64)
@@ -258,7 +272,7 @@ def test_look_back_chain(rows, tiles, known):
     status = status.to(DEVICE)
     for r in range(rows):
         out = torch.tensor([a[tiles, r], b[tiles, r], h_first[r]], dtype=torch.float32, device=DEVICE)
-        chain_kernel[(1,)](status, out, tiles, r, rows)
+        chain_kernel[(1,)](status, out, tiles, r, rows, HOPS=hops)
         torch.testing.assert_close(out[:1].cpu().double(), states[tiles - 1, r].reshape(1), rtol=1e-5, atol=1e-5)
         words = status[tiles, r].cpu()
         assert words[0].item() == word(1, a[tiles, r].item())
@@ -275,8 +289,8 @@ from triton.compiler import ASTSource
 spec = importlib.util.spec_from_file_location("kernels", sys.argv[1])
 kernels = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(kernels)
-flags = {"HAS_INIT", "WALK_BACK", "BLOCK_N", "BLOCK_L", "BLOCK_T", "BLOCK_D"}
-meta = {"BLOCK_N": 2, "BLOCK_L": 1024, "BLOCK_T": 16, "BLOCK_D": 64}
+flags = {"HAS_INIT", "WALK_BACK", "BLOCK_N", "BLOCK_L", "BLOCK_T", "BLOCK_D", "HOPS"}
+meta = {"BLOCK_N": 2, "BLOCK_L": 1024, "BLOCK_T": 16, "BLOCK_D": 64, "HOPS": 2}
 names = sorted(n for n in dir(kernels) if n.startswith("linrec_") and n.endswith("_kernel"))
 for name in names:
     fn = getattr(kernels, name)

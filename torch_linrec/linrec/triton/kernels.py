@@ -326,33 +326,42 @@ def _value(w):
 
 
 @triton.jit
-def _chain(status, i_t, i_n, N, a_t, b_t, h_first):
+def _chain(status, i_t, i_n, N, a_t, b_t, h_first, HOPS: tl.constexpr):
     """The state entering tile ``i_t`` of sequence ``i_n`` (``h_first`` for the first), given the
-    tile's own map ``h -> a_t h + b_t``; publishes the tile's aggregate, then its state after."""
+    tile's own map ``h -> a_t h + b_t``; publishes the tile's aggregate, then its state after.
+    ``HOPS``: predecessors read one at a time before the window."""
     e = i_t * N + i_n
     h = h_first
     if i_t > 0:
         tl.store(status + 2 * e, _word(1, a_t))
         tl.store(status + 2 * e + 1, _word(1, b_t))
-        # the predecessor first (one word: with several sequences its state after is mostly known)
+        # state entering the tile = p * (state after tile k) + q, composed from the tile's
+        # predecessors (not from its own values: a non-finite coefficient must not reach the steps
+        # before it): first one word per predecessor, up to HOPS of them (with several sequences
+        # the state after the predecessor is mostly known), then WINDOW per round trip
+        p = tl.full([], 1., tl.float32)
+        q = tl.full([], 0., tl.float32)
         k = e - N
-        w1 = tl.load(status + 2 * k + 1, volatile=True)
-        while (w1 >> 32) == 0:
+        hops = 0
+        done = 0
+        while (done == 0) & (hops < HOPS):
             w1 = tl.load(status + 2 * k + 1, volatile=True)
-        if (w1 >> 32) == 2:
-            h = _value(w1)
-        else:
-            w0 = tl.load(status + 2 * k, volatile=True)
-            while (w0 >> 32) == 0:
+            while (w1 >> 32) == 0:
+                w1 = tl.load(status + 2 * k + 1, volatile=True)
+            if (w1 >> 32) == 2:
+                q = p * _value(w1) + q
+                done = 1
+            else:
                 w0 = tl.load(status + 2 * k, volatile=True)
-            # state entering the tile = p * (state before the window) + q, composed window by
-            # window from the tile's predecessors (not from its own values: a non-finite
-            # coefficient must not reach the steps before it)
-            p = _value(w0)
-            q = _value(w1)
+                while (w0 >> 32) == 0:
+                    w0 = tl.load(status + 2 * k, volatile=True)
+                q = p * _value(w1) + q
+                p = p * _value(w0)
+                k -= N
+                hops += 1
+        if done == 0:
             o_w = tl.arange(0, _WINDOW)
-            hi = i_t - 2  # the window's last (most recent) tile
-            done = 0
+            hi = i_t - 1 - hops  # the window's last (most recent) tile
             while done == 0:
                 j = hi - (_WINDOW - 1) + o_w  # ascending tiles; before the first: read as "state 0"
                 m = j >= 0
@@ -374,7 +383,7 @@ def _chain(status, i_t, i_n, N, a_t, b_t, h_first):
                 if top >= 0:
                     done = 1
                 hi -= _WINDOW
-            h = q
+        h = q
     tl.store(status + 2 * e + 1, _word(2, a_t * h + b_t))
     return h
 
@@ -384,7 +393,7 @@ def linrec_fwd_seq_lb_kernel(
     x, c, h0, y, status, counter,
     N, L, NI,
     sx_o, sx_l, sx_i, sc_o, sc_l, sc_i, sh_o, sh_i, sy_o, sy_l, sy_i,
-    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_L: tl.constexpr,
+    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_L: tl.constexpr, HOPS: tl.constexpr,
 ):
     """Forward scan, sequence layout, one tile per program chained by look-back.
 
@@ -402,7 +411,7 @@ def linrec_fwd_seq_lb_kernel(
     h_first = tl.full([], 0., tl.float32)
     if HAS_INIT:
         h_first += tl.load(h0 + i_o * sh_o + i_i * sh_i).to(tl.float32)
-    b_h = _chain(status, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), h_first)
+    b_h = _chain(status, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), h_first, HOPS)
     tl.store(y + i_o * sy_o + i_i * sy_i + o_l * sy_l, (b_a * b_h + b_b).to(y.dtype.element_ty), mask=m)
 
 
@@ -412,7 +421,7 @@ def linrec_bwd_seq_lb_kernel(
     N, L, NI,
     sdy_o, sdy_l, sdy_i, sc_o, sc_l, sc_i, sy_o, sy_l, sy_i, sh_o, sh_i,
     sdx_o, sdx_l, sdx_i, sdc_o, sdc_l, sdc_i, sdh_o, sdh_i,
-    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_L: tl.constexpr,
+    HAS_INIT: tl.constexpr, WALK_BACK: tl.constexpr, BLOCK_L: tl.constexpr, HOPS: tl.constexpr,
 ):
     """Fused backward, sequence layout, one tile per program chained by look-back (``WALK_BACK`` is
     ``not reverse``); grid and workspace as the forward's."""
@@ -427,7 +436,7 @@ def linrec_bwd_seq_lb_kernel(
                                y + i_o * sy_o + i_i * sy_i, b_h0, o_l, o_l < L, L, sdy_l, sc_l, sy_l, 0, HAS_INIT,
                                WALK_BACK, WALK_BACK)
     a_t = _last1(b_a, BLOCK_L, WALK_BACK)
-    b_g = _chain(status, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), tl.full([], 0., tl.float32))
+    b_g = _chain(status, i_t, i_n, N, a_t, _last1(b_b, BLOCK_L, WALK_BACK), tl.full([], 0., tl.float32), HOPS)
     b_dx = b_a * b_g + b_b
     m = o_l < L
     tl.store(dx + i_o * sdx_o + i_i * sdx_i + o_l * sdx_l, b_dx.to(dx.dtype.element_ty), mask=m)

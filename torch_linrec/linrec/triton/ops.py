@@ -37,7 +37,10 @@ __all__ = ["scan_triton", "scan_backward_triton", "CONFIGS", "DEFAULT_CONFIG", "
 # keeps 16 elements per thread and operand and the backward's five streams spill-free).
 #   sequence kernel: BLOCK_L = next_pow2(L) capped at TILE; short rows stack BLOCK_N = TILE // BLOCK_L
 #     sequences per program. With fewer sequences than SMs, each program is a long serial walk
-#     whose speed is the bytes it has in flight: BLOCK_L = LONG_TILE (1.7x faster there at 4096).
+#     whose speed is the bytes it has in flight: BLOCK_L = LONG_TILE (1.7x faster there at 4096);
+#     rows longer than LONG_TILE are cut into LONG_TILE tiles, one program each, chained by a
+#     look-back (`_look_back`; H200 float32 16 x 2^22: 0.11 of torch.add walking; bench/NOTES.md
+#     item 87).
 #   channel kernel: BLOCK_D channels, the largest of 128, 64, 32 that still gives >= 4 programs
 #     per SM (32 channels of fp32 = one 128-byte line per row); 16 when even 32 leaves SMs idle
 #     (few channels, long L). BLOCK_T = TILE // BLOCK_D time steps, capped at next_pow2(L).
@@ -46,9 +49,9 @@ __all__ = ["scan_triton", "scan_backward_triton", "CONFIGS", "DEFAULT_CONFIG", "
 # and operand): mid-length rows at a few per SM, where the one-program-per-row walk of 4096-step
 # tiles had too few bytes in flight (bf16 600 x 8000 on the H200: 0.80 of torch.add against the
 # native default's 0.65; bench/NOTES.md item 75).
-# t4096.lookback: the sequence layout's rows cut into tiles of up to 4096 steps, one program per tile,
-# the tiles of a row chained by a decoupled look-back (kernels.py `_chain`), for few long rows where
-# one program per row leaves most SMs idle; the channel layout as t4096.
+# t4096.lookback: the sequence layout's rows always cut into tiles of up to 4096 steps, one program
+# per tile, the tiles of a row chained by a decoupled look-back (kernels.py `_chain`), whatever the
+# number of rows; the channel layout as t4096.
 CONFIGS = {  # name -> (TILE, LONG_TILE[, LOOK_BACK]); the first is the default
     "triton.t2048": (2048, 4096),
     "triton.t1024": (1024, 2048),
@@ -117,11 +120,20 @@ def _chan_meta(n_outer: int, n_inner: int, length: int, tiles: tuple[int, int], 
     return {"BLOCK_T": block_t, "BLOCK_D": block_d, "num_warps": _num_warps(block_t * block_d)}
 
 
-def _look_back(tiles: tuple) -> bool:
-    """Whether a config's sequence-layout tiles are chained by look-back (``CONFIGS``' third field),
-    unless deterministic algorithms are requested: the look-back's association order follows the
-    timing of the tiles (as the native op's look-back plans, which deterministic mode also avoids)."""
-    return len(tiles) > 2 and bool(tiles[2]) and not torch.are_deterministic_algorithms_enabled()
+def _look_back(tiles: tuple, n: int, length: int, num_sms: int) -> bool:
+    """Whether ``n`` sequence-layout rows of ``length`` steps are cut into tiles chained by look-back:
+    always for a config whose third field is True (``t4096.lookback``); by default, rows longer than
+    one LONG_TILE when there are fewer rows than SMs (one program per row would leave SMs idle).
+    Never under deterministic algorithms: the look-back's association order follows the timing of
+    the tiles (as the native op's look-back plans, which deterministic mode also avoids)."""
+    if torch.are_deterministic_algorithms_enabled():
+        return False
+    if len(tiles) > 2:
+        return bool(tiles[2])
+    return n < num_sms and length > tiles[1]
+
+
+_LOOK_BACK_HOPS = 2  # predecessors read one word at a time before a window of 32 (kernels.py `_chain`)
 
 
 def _look_back_launch(n: int, length: int, tiles: tuple, device: torch.device):
@@ -129,7 +141,8 @@ def _look_back_launch(n: int, length: int, tiles: tuple, device: torch.device):
     block_l = max(16, min(tiles[1], _next_pow2(length)))
     entries = n * _cdiv(length, block_l)
     ws = torch.zeros(2 * entries + 1, dtype=torch.int64, device=device)  # two status words per entry, counter
-    return (entries,), {"BLOCK_L": block_l, "num_warps": _num_warps(block_l)}, (ws[:2 * entries], ws[2 * entries:])
+    meta = {"BLOCK_L": block_l, "HOPS": _LOOK_BACK_HOPS, "num_warps": _num_warps(block_l)}
+    return (entries,), meta, (ws[:2 * entries], ws[2 * entries:])
 
 
 def _interpret_requested() -> bool:
@@ -154,7 +167,8 @@ def _sync_interpret_mode() -> None:
     kernels = importlib.reload(kernels)
     linrec_fwd_seq_kernel, linrec_fwd_chan_kernel = kernels.linrec_fwd_seq_kernel, kernels.linrec_fwd_chan_kernel
     linrec_bwd_seq_kernel, linrec_bwd_chan_kernel = kernels.linrec_bwd_seq_kernel, kernels.linrec_bwd_chan_kernel
-    linrec_fwd_seq_lb_kernel, linrec_bwd_seq_lb_kernel = kernels.linrec_fwd_seq_lb_kernel, kernels.linrec_bwd_seq_lb_kernel
+    linrec_fwd_seq_lb_kernel = kernels.linrec_fwd_seq_lb_kernel
+    linrec_bwd_seq_lb_kernel = kernels.linrec_bwd_seq_lb_kernel
 
 
 class _InterpretedLaunch:
@@ -227,7 +241,7 @@ def _launch_forward(y: torch.Tensor, x: torch.Tensor, c: torch.Tensor, h0, d: in
         grid = (n_outer * _cdiv(n_inner, meta["BLOCK_D"]),)
         wrap_triton(linrec_fwd_chan_kernel)[grid](*ptrs, n_outer, length, n_inner, *sx, *sc, *sh, *sy,
                                                    **flags, **meta)
-    elif _look_back(tiles):
+    elif _look_back(tiles, n_outer * n_inner, length, _num_sms(y.device)):
         grid, meta, ws = _look_back_launch(n_outer * n_inner, length, tiles, y.device)
         wrap_triton(linrec_fwd_seq_lb_kernel)[grid](*ptrs, *ws, n_outer * n_inner, length, n_inner, *sx, *sc, *sh,
                                                      *sy, **flags, **meta)
@@ -258,7 +272,7 @@ def _launch_backward(outs: tuple, dy: torch.Tensor, c: torch.Tensor, y: torch.Te
         meta = _chan_meta(n_outer, n_inner, length, tiles, _num_sms(y.device))
         grid = (n_outer * _cdiv(n_inner, meta["BLOCK_D"]),)
         wrap_triton(linrec_bwd_chan_kernel)[grid](*ptrs, n_outer, length, n_inner, *st, **flags, **meta)
-    elif _look_back(tiles):
+    elif _look_back(tiles, n_outer * n_inner, length, _num_sms(y.device)):
         grid, meta, ws = _look_back_launch(n_outer * n_inner, length, tiles, y.device)
         wrap_triton(linrec_bwd_seq_lb_kernel)[grid](*ptrs, *ws, n_outer * n_inner, length, n_inner, *st, **flags,
                                                      **meta)
