@@ -133,7 +133,7 @@ def _look_back(tiles: tuple, n: int, length: int, num_sms: int) -> bool:
     return n < num_sms and length > tiles[1]
 
 
-_LOOK_BACK_HOPS = 2  # predecessors read one word at a time before a window of 32 (kernels.py `_chain`)
+_LOOK_BACK_HOPS = 4  # predecessors read one word at a time before windows of 32 (kernels.py `_chain`; item 87)
 
 
 def _look_back_launch(n: int, length: int, tiles: tuple, device: torch.device):
