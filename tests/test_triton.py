@@ -123,11 +123,18 @@ def test_views(tiles, reverse):
 
 @pytest.fixture
 def nan_filled_nondeterministic(monkeypatch):
-    """Deterministic mode off (it turns the look-back off), ``torch.empty``/``empty_like`` NaN-filled."""
+    """Deterministic mode off (it turns the look-back off); ``torch.empty``, ``empty_like`` and
+    ``Tensor.new_empty`` NaN-filled."""
     torch.use_deterministic_algorithms(False)
-    empty, empty_like = torch.empty, torch.empty_like
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: empty_like(*a, **k).fill_(float("nan")))
+
+    def nan_filled(make):
+        def wrapper(*args, **kwargs):
+            t = make(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return wrapper
+    monkeypatch.setattr(torch, "empty", nan_filled(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", nan_filled(torch.empty_like))
+    monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled(torch.Tensor.new_empty))
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -230,7 +237,8 @@ def test_look_back_chain(rows, tiles, known, hops):
     for tile 0 (``first``), at random, for the tile before the predecessor, or for the predecessor
     (``last``: the one-word path); windows of 32 tiles are composed one after another. The tile's
     own status words are checked too. ``hops``: predecessors read one at a time first (0: windows
-    only, 100: never a window)."""
+    only, 100: never a window). Older states are wrong and older aggregates NaN: the look-back must
+    stop at the latest state published."""
     import triton
     import triton.language as tl
     global _lb_chain  # a jit function resolves the names it calls among its module's globals
@@ -269,6 +277,12 @@ def test_look_back_chain(rows, tiles, known, hops):
             if k > 0:
                 status[k, r, 0] = word(1, a[k, r].item())
             status[k, r, 1] = word(2, states[k, r].item()) if inclusive[k, r] else word(1, b[k, r].item())
+    for r in range(rows):  # what the look-back must not read: past the latest known state
+        newest = int(inclusive[:, r].nonzero().max())
+        for k in range(newest + 1):
+            status[k, r, 0] = word(1, float("nan")) if k > 0 else 0
+            if k < newest:
+                status[k, r, 1] = word(2, 1e6) if inclusive[k, r] else word(1, float("nan"))
     status = status.to(DEVICE)
     for r in range(rows):
         out = torch.tensor([a[tiles, r], b[tiles, r], h_first[r]], dtype=torch.float32, device=DEVICE)
@@ -279,6 +293,65 @@ def test_look_back_chain(rows, tiles, known, hops):
         assert words[1].item() >> 32 == 2
         after = torch.tensor([words[1].item() & 0xFFFFFFFF], dtype=torch.int64).to(torch.int32).view(torch.float32)
         torch.testing.assert_close(after.double(), states[tiles, r].reshape(1), rtol=1e-5, atol=1e-5)
+
+
+def test_look_back_waiting():
+    """``kernels._waiting``: an entry is published with flag 2 in its second word, or flag 1 in both."""
+    import triton
+    import triton.language as tl
+    global _lb_waiting
+    torch_linrec.linrec.triton.ops._sync_interpret_mode()
+    _lb_waiting = torch_linrec.linrec.triton.ops.kernels._waiting
+
+    @triton.jit
+    def waiting_kernel(w, out, N: tl.constexpr):
+        o = tl.arange(0, N)
+        tl.store(out, _lb_waiting(tl.load(w + 2 * o), tl.load(w + 2 * o + 1)))
+
+    one, two = 1 << 32, 2 << 32
+    for words, expected in (([(0, two)], 0), ([(one, two)], 0), ([(one, one)], 0), ([(0, one)], 1), ([(0, 0)], 1),
+                            ([(one, one), (0, two), (one, 0)], 1), ([(one, one), (0, two), (one | 7, one | 9)], 0)):
+        words = words + [(one, one)] * (4 - len(words))
+        out = torch.full((1,), -1, dtype=torch.int32, device=DEVICE)
+        waiting_kernel[(1,)](torch.tensor(words, dtype=torch.int64, device=DEVICE), out, N=4)
+        assert out.item() == expected, words
+
+
+@pytest.mark.usefixtures("nan_filled_nondeterministic")
+@pytest.mark.parametrize("reverse", [False, True])
+def test_look_back_default(monkeypatch, reverse):
+    """The default config chains long rows by look-back when there are fewer rows than SMs (16-step
+    tiles, 132 SMs assumed), forward and backward, with initial and broadcast coeffs."""
+    ops = torch_linrec.linrec.triton.ops
+    monkeypatch.setitem(ops.CONFIGS, ops.DEFAULT_CONFIG, (16, 16))
+    monkeypatch.setattr(ops, "_num_sms", lambda device: 132)
+    launches = []
+    launch = ops._look_back_launch
+    monkeypatch.setattr(ops, "_look_back_launch", lambda *a: launches.append(a) or launch(*a))
+    _check(_make((3, 37)), _coeffs((3, 37)), _make((3,), seed=3), -1, reverse)
+    _check(_make((2, 3, 50)), _coeffs((50,)), None, -1, reverse)
+    assert len(launches) == 4  # two forwards, two backwards
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="thousands of programs: too slow for the interpreter")
+@pytest.mark.usefixtures("nan_filled_nondeterministic")
+@pytest.mark.parametrize("hops", [0, 2, 64])
+def test_look_back_long_chain(monkeypatch, hops):
+    """Rows of thousands of 16-step tiles on the GPU, where look-backs run while their predecessors
+    are in flight and reach across windows: against the walking kernel, forward and backward."""
+    ops = torch_linrec.linrec.triton.ops
+    monkeypatch.setitem(ops.CONFIGS, "triton.t4096.lookback", (16, 16, True))
+    monkeypatch.setattr(ops, "_LOOK_BACK_HOPS", hops)
+    for rows, length in ((1, 16 * 5000 + 3), (3, 16 * 2000)):
+        x, c = _make((rows, length)), _coeffs((rows, length))
+        y = torch.ops.linrec.scan_triton(x, c, None, -1, False, "triton.t4096.lookback", None)
+        torch.testing.assert_close(y, torch.ops.linrec.scan_triton(x, c, None, -1, False, "triton.t4096", None),
+                                   rtol=1e-4, atol=1e-4)
+        gy = _make((rows, length), seed=5)
+        got = torch.ops.linrec.scan_backward_triton(gy, c, y, None, -1, False, "triton.t4096.lookback")
+        ref = torch.ops.linrec.scan_backward_triton(gy, c, y, None, -1, False, "triton.t4096")
+        for g, r in zip(got, ref):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
 _COMPILE_SCRIPT = r"""
@@ -294,9 +367,11 @@ meta = {"BLOCK_N": 2, "BLOCK_L": 1024, "BLOCK_T": 16, "BLOCK_D": 64, "HOPS": 2}
 names = sorted(n for n in dir(kernels) if n.startswith("linrec_") and n.endswith("_kernel"))
 for name in names:
     fn = getattr(kernels, name)
-    for elem, init, walk_back in (("fp32", True, True), ("bf16", False, False)):
+    for elem, init, walk_back, hops in (("fp32", True, True, 2), ("bf16", False, False, 0)):
         consts = {n: meta[n] for n in fn.arg_names if n in meta}
         consts.update(HAS_INIT=init, WALK_BACK=walk_back)
+        if "HOPS" in consts:
+            consts["HOPS"] = hops
         signature = {n: "constexpr" if n in flags else "*i64" if n in ("status", "counter") else
                      "i32" if n in ("N", "L", "NI", "NO") or n.startswith("s") else f"*{elem}" for n in fn.arg_names}
         compiled = triton.compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32),
