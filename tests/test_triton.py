@@ -449,6 +449,8 @@ def _op_case(case):
     """(x, coeffs, initial, dim, reverse) of the op-level cases: rows, channels, broadcast coeffs."""
     if case == "seq":
         return _make((3, 7)), _coeffs((3, 7)), _make((3,)), -1, False
+    if case == "seq_lb":  # three 16-step tiles per row
+        return _make((3, 40)), _coeffs((3, 40)), _make((3,)), -1, True
     if case == "chan":
         return _make((2, 5, 6)), _coeffs((2, 5, 6)), None, 1, True
     return _make((2, 5, 3)), _coeffs((3,)), _make((3,)), 1, False
@@ -496,10 +498,22 @@ def test_tuner_times_the_calls_auto_makes():
 
 @pytest.mark.parametrize("case,configs", [("seq", ()), ("chan", ("triton.t1024", "triton.t4096")),
                                           ("broadcast", ("triton", "native")),
-                                          ("seq", ("triton.t4096.lookback", "triton.t4096.lookback"))])
-def test_opcheck(case, configs):
+                                          ("seq_lb", ("triton.t4096.lookback", "triton.t4096.lookback")),
+                                          ("seq_lb", ())])
+def test_opcheck(monkeypatch, case, configs):
     """torch.library.opcheck on both ops (schema, fake, autograd registration, AOT dispatch), with and
-    without config arguments (a native backward_config runs the native backward op under autograd)."""
+    without config arguments (a native backward_config runs the native backward op under autograd).
+    ``seq_lb``: 16-step tiles chained by look-back (deterministic mode off), by name and by the
+    default's rule (132 SMs assumed)."""
+    if case == "seq_lb":
+        ops = torch_linrec.linrec.triton.ops
+        torch.use_deterministic_algorithms(False)
+        monkeypatch.setitem(ops.CONFIGS, "triton.t4096.lookback", (16, 16, True))
+        monkeypatch.setitem(ops.CONFIGS, ops.DEFAULT_CONFIG, (16, 16))
+        monkeypatch.setattr(ops, "_num_sms", lambda device: 132)
+        launches = []
+        launch = ops._look_back_launch
+        monkeypatch.setattr(ops, "_look_back_launch", lambda *a: launches.append(a) or launch(*a))
     x, c, h0, dim, rev = _op_case(case)
     args = [t.requires_grad_() if t is not None else None for t in (x, c, h0)]
     result = torch.library.opcheck(torch.ops.linrec.scan_triton, (*args, dim, rev, *configs))
@@ -509,3 +523,5 @@ def test_opcheck(case, configs):
     result = torch.library.opcheck(torch.ops.linrec.scan_backward_triton, (
         _make(x.shape, seed=5), c.detach(), y, None if h0 is None else h0.detach(), dim, rev, *bwd_config))
     assert all(v == "SUCCESS" for v in result.values()), result
+    if case == "seq_lb":
+        assert launches

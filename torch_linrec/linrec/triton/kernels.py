@@ -278,8 +278,9 @@ def linrec_bwd_chan_kernel(
 # int64 words ``status[2e], status[2e + 1]``, each a flag in the high half and a float32 in the low
 # half: flag 1 in both, the tile's aggregate map ``(a, b)``; flag 2 in the second, the state after
 # the tile. A word is read whole, so a flag always comes with its own value (no fences needed).
-# The look-back reads WINDOW predecessors per round trip (one at a time, 1 x 2^26 float32 on the
-# H200 ran at 0.26 of torch.add; bench/NOTES.md item 87).
+# The look-back reads up to HOPS predecessors one word at a time (with several sequences the state
+# after the predecessor is mostly out), then WINDOW per round trip (one at a time all the way, one
+# sequence of 2^26 float32 steps ran at 0.26 of torch.add on the H200; bench/NOTES.md item 87).
 _WINDOW = tl.constexpr(32)
 
 
