@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU part on a bare CUDA machine with no internet, in steps that fit the device tool's calls:
 #   OUT=/path STEPS="build test tune bench" bash scripts/gpu_all.sh [pytest -k expr]
-# build: the extension (timed); test: the CUDA-marked tests (TEST_TIMEOUT, default 480 s);
+# build: the extension (timed); test: the CUDA-marked tests, tests/test_triton.py's included (TEST_TIMEOUT,
+# default 480 s; the whole set runs longer on an H200: split it with the -k argument);
 # tune: `python -m torch_linrec tune` (TUNE_ARGS, e.g. --quick), its file installed as the shipped
 # cache of this checkout; bench: the main job (scan suite, then the selective section) with the
 # shipped cache only (an empty user cache dir).

@@ -16,14 +16,16 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-pytestmark = pytest.mark.skipif(
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("triton") is None
     or not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
-    reason="needs triton, and CUDA or TRITON_INTERPRET=1")
+    reason="needs triton, and CUDA or TRITON_INTERPRET=1")]
+if DEVICE == "cuda":
+    pytestmark.append(pytest.mark.cuda)  # on a GPU these run compiled kernels: `-m cuda` selects them
 
 import torch_linrec  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=3e-2, atol=5e-2),
        torch.float16: dict(rtol=1e-2, atol=1e-2)}
 
