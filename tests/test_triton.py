@@ -319,17 +319,25 @@ def test_look_back_waiting():
         assert out.item() == expected, words
 
 
-@pytest.mark.usefixtures("nan_filled_nondeterministic")
-@pytest.mark.parametrize("reverse", [False, True])
-def test_look_back_default(monkeypatch, reverse):
-    """The default config chains long rows by look-back when there are fewer rows than SMs (16-step
-    tiles, 132 SMs assumed), forward and backward, with initial and broadcast coeffs."""
+def _small_look_back(monkeypatch) -> list:
+    """16-step tiles for the default and the look-back config, 132 SMs assumed (so the default's rule
+    chains rows longer than 16 steps, fewer than 132); returns the list the look-back launches fill."""
     ops = torch_linrec.linrec.triton.ops
+    monkeypatch.setitem(ops.CONFIGS, "triton.t4096.lookback", (16, 16, True))
     monkeypatch.setitem(ops.CONFIGS, ops.DEFAULT_CONFIG, (16, 16))
     monkeypatch.setattr(ops, "_num_sms", lambda device: 132)
     launches = []
     launch = ops._look_back_launch
     monkeypatch.setattr(ops, "_look_back_launch", lambda *a: launches.append(a) or launch(*a))
+    return launches
+
+
+@pytest.mark.usefixtures("nan_filled_nondeterministic")
+@pytest.mark.parametrize("reverse", [False, True])
+def test_look_back_default(monkeypatch, reverse):
+    """The default config chains long rows by look-back when there are fewer rows than SMs (16-step
+    tiles, 132 SMs assumed), forward and backward, with initial and broadcast coeffs."""
+    launches = _small_look_back(monkeypatch)
     _check(_make((3, 37)), _coeffs((3, 37)), _make((3,), seed=3), -1, reverse)
     _check(_make((2, 3, 50)), _coeffs((50,)), None, -1, reverse)
     assert len(launches) == 4  # two forwards, two backwards
@@ -508,14 +516,8 @@ def test_opcheck(monkeypatch, case, configs):
     ``seq_lb``: 16-step tiles chained by look-back (deterministic mode off), by name and by the
     default's rule (132 SMs assumed)."""
     if case == "seq_lb":
-        ops = torch_linrec.linrec.triton.ops
         torch.use_deterministic_algorithms(False)
-        monkeypatch.setitem(ops.CONFIGS, "triton.t4096.lookback", (16, 16, True))
-        monkeypatch.setitem(ops.CONFIGS, ops.DEFAULT_CONFIG, (16, 16))
-        monkeypatch.setattr(ops, "_num_sms", lambda device: 132)
-        launches = []
-        launch = ops._look_back_launch
-        monkeypatch.setattr(ops, "_look_back_launch", lambda *a: launches.append(a) or launch(*a))
+        launches = _small_look_back(monkeypatch)
     x, c, h0, dim, rev = _op_case(case)
     args = [t.requires_grad_() if t is not None else None for t in (x, c, h0)]
     result = torch.library.opcheck(torch.ops.linrec.scan_triton, (*args, dim, rev, *configs))

@@ -321,6 +321,27 @@ def _waiting(w0, w1):
 
 
 @triton.jit
+def _poll(p):
+    """The status word at ``p`` once its flag is set (its tile has started, so it will be)."""
+    w = tl.load(p, volatile=True)
+    while (w >> 32) == 0:
+        w = tl.load(p, volatile=True)
+    return w
+
+
+@triton.jit
+def _poll_window(p_w, m):
+    """The status words ``(first, second)`` of a window's entries once every entry is published
+    (masked entries read as a state 0)."""
+    v0 = tl.load(p_w, mask=m, other=0, volatile=True)
+    v1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
+    while _waiting(v0, v1) > 0:
+        v0 = tl.load(p_w, mask=m, other=0, volatile=True)
+        v1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
+    return v0, v1
+
+
+@triton.jit
 def _value(w):
     """The float32 in the low half of status words ``w``."""
     return (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
@@ -346,34 +367,21 @@ def _chain(status, i_t, i_n, N, a_t, b_t, h_first, HOPS: tl.constexpr):
         hops = 0
         done = 0
         while (done == 0) & (hops < HOPS):
-            w1 = tl.load(status + 2 * k + 1, volatile=True)
-            while (w1 >> 32) == 0:
-                w1 = tl.load(status + 2 * k + 1, volatile=True)
+            w1 = _poll(status + 2 * k + 1)
+            q = p * _value(w1) + q  # tile k's state after (flag 2), else its aggregate's b
             if (w1 >> 32) == 2:
-                q = p * _value(w1) + q
                 done = 1
             else:
-                w0 = tl.load(status + 2 * k, volatile=True)
-                while (w0 >> 32) == 0:
-                    w0 = tl.load(status + 2 * k, volatile=True)
-                q = p * _value(w1) + q
-                p = p * _value(w0)
+                p = p * _value(_poll(status + 2 * k))
                 k -= N
                 hops += 1
         if done == 0:
             o_w = tl.arange(0, _WINDOW)
             hi = i_t - 1 - hops  # the window's last (most recent) tile
             while done == 0:
-                j = hi - (_WINDOW - 1) + o_w  # ascending tiles; before the first: read as "state 0"
+                j = hi - (_WINDOW - 1) + o_w  # ascending tiles (before the first: masked)
                 m = j >= 0
-                p_w = status + 2 * (j * N + i_n)
-                v0 = tl.load(p_w, mask=m, other=0, volatile=True)
-                v1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
-                waiting = _waiting(v0, v1)
-                while waiting > 0:  # until every entry is published (its tile has started)
-                    v0 = tl.load(p_w, mask=m, other=0, volatile=True)
-                    v1 = tl.load(p_w + 1, mask=m, other=2 << 32, volatile=True)
-                    waiting = _waiting(v0, v1)
+                v0, v1 = _poll_window(status + 2 * (j * N + i_n), m)
                 # the latest tile whose state after is known: that state, then the aggregates after it
                 top = tl.reduce(tl.where((v1 >> 32) == 2, o_w, -1), 0, _max)
                 b_a = tl.where(o_w > top, _value(v0), tl.where(o_w == top, 0., 1.))
