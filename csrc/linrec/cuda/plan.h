@@ -464,24 +464,19 @@ inline void plan_channel(ScanPlan& plan, const ScanParams& p, int elem_size, con
 // per SM, on Hopper GPUs whose DRAM gives each SM more than kFastDramGbpsPerSm (measured on the H200
 // only; the H100 keeps its plans): one wave of these blocks holds every row with its loads in flight,
 // where the defaults' larger stream blocks (2 per SM), look-back tiles or walks leave part of it idle.
-// H200, ratio to torch.add, default -> small stream (bench/NOTES.md item 79):
-// - forward 4-byte, 2048 < L <= 8192, 2 to 24 rows per SM: float32 1000 x 4608 0.69 -> 0.91, 600 x
-//   8000 0.71 -> 0.88, 300 x 5000 0.64 -> 0.78, 2000 x 6000 0.86 -> 0.92, 528 x 3072 level; at one
-//   or two rows per SM, or longer rows from 16 per SM, it loses (132 x 8192 0.75 -> 0.63); 8192 < L <=
-//   16384 at 2-8 per SM (item 83): 400 x 10000 0.74 -> 0.82, 600 x 12288 0.82 -> 0.90, 1000 x 16384
-//   level; from 9 per SM level or lower (1500 x 12288 0.92 -> 0.90);
-// - forward 2-byte, 4096 < L <= 32768, 2 to 9 rows per SM (to 8, one wave of them, beyond 12288
-//   steps): bf16 500 x 10000 0.61 -> 0.80, 1056 x 8192 0.69 -> 0.82, 600 x 14000 0.65 -> 0.82, 900 x
-//   24576 0.69 -> 0.89 (item 83), 7-8 per SM since they fit 8 (item 86: 1000 x 14000 0.65-0.69 ->
-//   0.82-0.86, 1056 x 16384 0.80-0.84 -> 0.88-0.93); not shorter rows (1000 x 3000 0.80 -> 0.61), nor
-//   more rows beyond 12288 steps (a second wave: 1100 x 24576 0.75 against 0.86 with 256 threads);
-//   8192 < L <= 16384 from 9 rows per SM (item 80): 2000 x 10000 0.59 -> 0.78, 2000 x 16384 level;
-// - backward 4-byte, 2048 < L <= 16384, 2 to 8 rows per SM (where the default does not walk): float32
-//   1000 x 3000 0.57 -> 0.89, 528 x 4608 0.83 -> 1.06, 528 x 8192 0.95 -> 1.08;
-// - backward 2-byte, L <= 32768, 2 to 16 rows per SM where the default takes a stream block per row
-//   (bf16 1056 x 8192 0.55 -> 0.81, 528 x 32768 0.73 -> 0.79) or rows of whole small stream tiles
-//   beyond 4096 steps (item 84, against look-back tiles: bf16 300 x 8192 0.72 -> 0.82, 2000 x 8192
-//   0.70 -> 0.77, 900 x 16384 0.69 -> 0.80); a partial last tile loses (600 x 10000 0.76 -> 0.72).
+// Where it pays (H200, ratio to torch.add; bench/NOTES.md items 79, 80, 83, 84, 86 give the figures):
+// - forward 4-byte, 2048 < L <= 8192 at 2-24 rows per SM (float32 1000 x 4608 0.69 -> 0.91), 8192 <
+//   L <= 16384 at 2-8 (600 x 12288 0.82 -> 0.90); it loses at one or two rows per SM (132 x 8192
+//   0.75 -> 0.63) and is level or lower beyond (longer rows from 16 per SM, beyond 8192 steps from 9);
+// - forward 2-byte, 4096 < L <= 32768 at 2-9 rows per SM, to 8 beyond 12288 steps (one wave of these
+//   blocks; bf16 1000 x 14000 0.65-0.69 -> 0.82-0.86), and 8192 < L <= 16384 from 9 per SM (2000 x
+//   10000 0.59 -> 0.78); not shorter rows (1000 x 3000 0.80 -> 0.61), nor a second wave beyond 12288
+//   steps (1100 x 24576 0.75 against 0.86 with 256 threads);
+// - backward 4-byte, 2048 < L <= 16384 at 2-8 rows per SM where the default does not walk (float32
+//   1000 x 3000 0.57 -> 0.89);
+// - backward 2-byte, L <= 32768 at 2-16 rows per SM where the default takes a stream block per row
+//   (bf16 1056 x 8192 0.55 -> 0.81) or rows of whole small stream tiles beyond 4096 steps (300 x 8192
+//   0.72 -> 0.82 against look-back tiles); a partial last tile loses (600 x 10000 0.76 -> 0.72).
 inline bool small_stream_device(const DeviceInfo& dev) {
   return dev.cc_major == 9 && dev.dram_gbps_per_sm > kFastDramGbpsPerSm;
 }
