@@ -348,20 +348,21 @@ def test_look_back_default(monkeypatch, reverse):
 @pytest.mark.parametrize("hops", [0, 2, 64])
 def test_look_back_long_chain(monkeypatch, hops):
     """Rows of thousands of 16-step tiles on the GPU, where look-backs run while their predecessors
-    are in flight and reach across windows: against the walking kernel, forward and backward."""
+    are in flight and reach across windows: forward and backward against the float64 chunked
+    reference (with an initial state, both directions)."""
     ops = torch_linrec.linrec.triton.ops
     monkeypatch.setitem(ops.CONFIGS, "triton.t4096.lookback", (16, 16, True))
     monkeypatch.setattr(ops, "_LOOK_BACK_HOPS", hops)
-    for rows, length in ((1, 16 * 5000 + 3), (3, 16 * 2000)):
-        x, c = _make((rows, length)), _coeffs((rows, length))
-        y = torch.ops.linrec.scan_triton(x, c, None, -1, False, "triton.t4096.lookback", None)
-        torch.testing.assert_close(y, torch.ops.linrec.scan_triton(x, c, None, -1, False, "triton.t4096", None),
-                                   rtol=1e-4, atol=1e-4)
+    for (rows, length), reverse in (((1, 16 * 5000 + 3), False), ((3, 16 * 2000), True)):
+        x, c, h0 = _make((rows, length)), _coeffs((rows, length)), _make((rows,), seed=3)
+        y = torch.ops.linrec.scan_triton(x, c, h0, -1, reverse, "triton.t4096.lookback", None)
+        y_ref = torch_linrec.chunked_scan(x, c, h0, -1, reverse)
+        torch.testing.assert_close(y.double().cpu(), y_ref, **TOL[x.dtype])
         gy = _make((rows, length), seed=5)
-        got = torch.ops.linrec.scan_backward_triton(gy, c, y, None, -1, False, "triton.t4096.lookback")
-        ref = torch.ops.linrec.scan_backward_triton(gy, c, y, None, -1, False, "triton.t4096")
-        for g, r in zip(got, ref):
-            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+        got = torch.ops.linrec.scan_backward_triton(gy, c, y, h0, -1, reverse, "triton.t4096.lookback")
+        refs = torch_linrec.scan_backward_ref(gy, c, y_ref, h0, -1, reverse, scan=torch_linrec.chunked_scan)
+        for g, r in zip(got, refs):
+            torch.testing.assert_close(g.double().cpu(), r, **TOL[x.dtype])
 
 
 _COMPILE_SCRIPT = r"""
