@@ -351,12 +351,16 @@ def _value(w):
 def _chain(status, i_t, i_n, N, a_t, b_t, h_first, HOPS: tl.constexpr):
     """The state entering tile ``i_t`` of sequence ``i_n`` (``h_first`` for the first), given the
     tile's own map ``h -> a_t h + b_t``; publishes the tile's aggregate, then its state after.
-    ``HOPS``: predecessors read one at a time before the window."""
+    ``HOPS``: predecessors read one at a time before the window. Words are published by relaxed
+    atomic exchanges (plain stores against the volatile polls would be a data race under the PTX
+    memory model); each carries its flag, so readers need no order between the two. Every thread
+    polls for itself, so warps may enter with states that differ by rounding (agreeing through a
+    block reduction cost more than it is worth: bench/NOTES.md item 88)."""
     e = i_t * N + i_n
     h = h_first
     if i_t > 0:
-        tl.store(status + 2 * e, _word(1, a_t))
-        tl.store(status + 2 * e + 1, _word(1, b_t))
+        tl.atomic_xchg(status + 2 * e, _word(1, a_t), sem="relaxed")
+        tl.atomic_xchg(status + 2 * e + 1, _word(1, b_t), sem="relaxed")
         # state entering the tile = p * (state after tile k) + q, composed from the tile's
         # predecessors (not from its own values: a non-finite coefficient must not reach the steps
         # before it): first one word per predecessor, up to HOPS of them (with several sequences
@@ -393,7 +397,7 @@ def _chain(status, i_t, i_n, N, a_t, b_t, h_first, HOPS: tl.constexpr):
                     done = 1
                 hi -= _WINDOW
         h = q
-    tl.store(status + 2 * e + 1, _word(2, a_t * h + b_t))
+    tl.atomic_xchg(status + 2 * e + 1, _word(2, a_t * h + b_t), sem="relaxed")
     return h
 
 
