@@ -99,11 +99,16 @@ def _num_warps(tile: int) -> int:
     return max(1, min(8, tile // 512))
 
 
+def _block_len(cap: int, length: int) -> int:
+    """Steps per tile: the power of two covering ``length``, between 16 and ``cap``."""
+    return max(16, min(cap, _next_pow2(length)))
+
+
 def _seq_meta(n: int, length: int, tiles: tuple[int, int], num_sms: int) -> dict:
     """Meta-parameters of the sequence kernels for ``n`` sequences of length ``length``."""
     tile, long_tile = tiles[:2]
     cap = tile if n >= num_sms else long_tile
-    block_l = max(16, min(cap, _next_pow2(length)))
+    block_l = _block_len(cap, length)
     block_n = max(1, min(_next_pow2(n), tile // block_l))
     return {"BLOCK_N": block_n, "BLOCK_L": block_l, "num_warps": _num_warps(block_n * block_l)}
 
@@ -116,7 +121,7 @@ def _chan_meta(n_outer: int, n_inner: int, length: int, tiles: tuple[int, int], 
         block_d //= 2
     if n_outer * math.ceil(n_inner / block_d) < num_sms:
         block_d = 16
-    block_t = max(16, min(tile // block_d, _next_pow2(length)))
+    block_t = _block_len(tile // block_d, length)
     return {"BLOCK_T": block_t, "BLOCK_D": block_d, "num_warps": _num_warps(block_t * block_d)}
 
 
@@ -138,7 +143,7 @@ _LOOK_BACK_HOPS = 4  # predecessors read one word at a time before windows of 32
 
 def _look_back_launch(n: int, length: int, tiles: tuple, device: torch.device):
     """Grid, meta-parameters and zeroed workspace ``(status, counter)`` of the look-back kernels."""
-    block_l = max(16, min(tiles[1], _next_pow2(length)))
+    block_l = _block_len(tiles[1], length)
     entries = n * _cdiv(length, block_l)
     ws = torch.zeros(2 * entries + 1, dtype=torch.int64, device=device)  # two status words per entry, counter
     meta = {"BLOCK_L": block_l, "HOPS": _LOOK_BACK_HOPS, "num_warps": _num_warps(block_l)}
